@@ -1,0 +1,223 @@
+"""Typed configuration of dtr_compile, validated on assignment.
+
+    import dtr_compile
+    dtr_compile.config.memory_budget = "8GB"
+    with dtr_compile.config.patch(memory_budget=0.5, heuristic="dtr"):
+        ...
+
+Every flag is a typed module-level assignment with its reason. Assigning an unknown name or an invalid
+value raises `ConfigError` at once, naming what is accepted. This module imports nothing from torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import math
+import re
+import sys
+import types
+from typing import Any, Iterator, Literal, Union
+
+from .errors import ConfigError
+
+Budget = Union[int, float, None]
+"""A normalized budget: int = bytes, float in (0, 1] = fraction of the no-remat peak, None = no remat."""
+
+# ---------------------------------------------------------------------------------------------- flags
+
+# Peak memory a training step may allocate above what was live when it began (parameters, optimizer
+# state and inputs are not counted). Bytes as an int or a string ("1.5GB", "512MiB", "800 MB"), a float
+# in (0, 1] as a fraction of the same step's peak without rematerialization, or None for no remat.
+memory_budget: Budget = None
+
+# Eviction heuristic of the online runtime (see dtr_compile.engine.heuristics for the formulas).
+# "dtr_eq" is h_DTR with union-find equivalence classes: as good as the full neighbourhood, much cheaper.
+heuristic: str = "dtr_eq"
+
+# How many eviction candidates to score per eviction: "sqrt" samples sqrt(n) of the n candidates
+# (the DTR prototype's trick, keeps search time low), "all" scores every candidate, an int samples that many.
+candidate_sampling: Union[Literal["sqrt", "all"], int] = "sqrt"
+
+# Tensors smaller than this fraction of the mean resident tensor size are never evicted: they free
+# almost nothing and cost a search and a recompute (the prototype used 1%).
+min_evictable_fraction: float = 0.01
+
+# Tensors smaller than this many bytes are never evicted, whatever the mean (bookkeeping dominates).
+min_evictable_bytes: int = 0
+
+# Abort with ThrashError when recompute cost exceeds this multiple of the original compute cost so far
+# (1.0 = the reference simulator's rule: total overhead above 2x counts as thrashing). None disables.
+thrash_limit: Union[float, None] = 1.0
+
+# Seed for candidate sampling and the "random" heuristic, so runs are reproducible.
+random_seed: int = 0
+
+# Code generator of the compiled path: "inductor" (C++ on CPU, Triton on GPU) or "fx" (plain FX
+# execution of the planned graphs; no compile cost, useful for debugging and tests).
+codegen: Literal["inductor", "fx"] = "inductor"
+
+# ------------------------------------------------------------------------------------------ validation
+
+_SI = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_IEC = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {**_SI, **_IEC}
+_BUDGET_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*$")
+_ACCEPTED_BUDGETS = (
+    "an int number of bytes, a string like '1.5GB', '512MiB' or '800 MB' (units B, KB, MB, GB, TB, KiB, MiB, "
+    "GiB, TiB), a float fraction in (0, 1] of the no-remat peak, or None for no rematerialization"
+)
+
+
+def parse_budget(value: Any) -> Budget:
+    """Normalize a user budget to int bytes, a float fraction in (0, 1], or None. Raises ConfigError."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"memory_budget={value!r} is a bool; expected {_ACCEPTED_BUDGETS}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ConfigError(f"memory_budget={value} bytes must be positive; expected {_ACCEPTED_BUDGETS}")
+        return value
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value) or value <= 0:
+            raise ConfigError(f"memory_budget={value!r} must be a positive finite number; expected {_ACCEPTED_BUDGETS}")
+        if value <= 1.0:
+            return value
+        if value.is_integer():  # 8e9 reads naturally as bytes
+            return int(value)
+        raise ConfigError(
+            f"memory_budget={value!r}: a float is a fraction in (0, 1] of the no-remat peak; for bytes pass an "
+            f"int or a string such as '{value:g}B'"
+        )
+    if isinstance(value, str):
+        match = _BUDGET_RE.match(value)
+        if not match:
+            raise ConfigError(f"memory_budget={value!r} cannot be parsed; expected {_ACCEPTED_BUDGETS}")
+        number = float(match.group(1)) * (10.0 ** int(match.group(2) or 0))
+        unit = match.group(3).upper() or "B"
+        if unit not in _UNITS:
+            raise ConfigError(f"memory_budget={value!r}: unknown unit {match.group(3)!r}; expected {_ACCEPTED_BUDGETS}")
+        n_bytes = int(round(number * _UNITS[unit]))
+        if n_bytes <= 0:
+            raise ConfigError(f"memory_budget={value!r} must be positive; expected {_ACCEPTED_BUDGETS}")
+        return n_bytes
+    raise ConfigError(f"memory_budget={value!r} has type {type(value).__name__}; expected {_ACCEPTED_BUDGETS}")
+
+
+def _check_heuristic(value: Any) -> str:
+    from .engine.heuristics import HEURISTICS  # lazy: the engine is a sibling layer with no config import
+
+    if value not in HEURISTICS:
+        raise ConfigError(f"heuristic={value!r} is unknown; expected one of {sorted(HEURISTICS)}")
+    return value
+
+
+def _check_sampling(value: Any) -> Union[str, int]:
+    if value in ("sqrt", "all"):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise ConfigError(f"candidate_sampling={value!r}; expected 'sqrt', 'all' or a positive int")
+
+
+def _check_fraction(value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value < 1.0:
+        return float(value)
+    raise ConfigError(f"min_evictable_fraction={value!r}; expected a float in [0, 1)")
+
+
+def _check_nonneg_int(name: str):
+    def check(value: Any) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        raise ConfigError(f"{name}={value!r}; expected a non-negative int")
+
+    return check
+
+
+def _check_thrash(value: Any) -> Union[float, None]:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value):
+        return float(value)
+    raise ConfigError(f"thrash_limit={value!r}; expected a positive number (recompute / original compute) or None")
+
+
+def _check_codegen(value: Any) -> str:
+    if value in ("inductor", "fx"):
+        return value
+    raise ConfigError(f"codegen={value!r}; expected 'inductor' or 'fx'")
+
+
+_VALIDATORS = {
+    "memory_budget": parse_budget,
+    "heuristic": _check_heuristic,
+    "candidate_sampling": _check_sampling,
+    "min_evictable_fraction": _check_fraction,
+    "min_evictable_bytes": _check_nonneg_int("min_evictable_bytes"),
+    "thrash_limit": _check_thrash,
+    "random_seed": _check_nonneg_int("random_seed"),
+    "codegen": _check_codegen,
+}
+
+
+def validate(name: str, value: Any) -> Any:
+    """Validate and normalize one flag; unknown names raise ConfigError with the closest known name."""
+    if name not in _VALIDATORS:
+        close = difflib.get_close_matches(name, list(_VALIDATORS), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown dtr_compile.config flag {name!r}.{hint} Known flags: {sorted(_VALIDATORS)}")
+    return _VALIDATORS[name](value)
+
+
+def snapshot() -> dict[str, Any]:
+    """The current value of every flag."""
+    module = sys.modules[__name__]
+    return {name: getattr(module, name) for name in _VALIDATORS}
+
+
+@contextlib.contextmanager
+def _patched(changes: dict[str, Any]) -> Iterator[None]:
+    module = sys.modules[__name__]
+    old = {name: getattr(module, name) for name in changes}
+    for name, value in changes.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            module.__dict__[name] = value
+
+
+class patch(contextlib.ContextDecorator):
+    """Set flags for a scope; usable as `with config.patch(...):` and as a decorator.
+
+    All values are validated when the patch is created, so a typo fails before any work starts.
+    """
+
+    def __init__(self, **changes: Any) -> None:
+        self._changes = {name: validate(name, value) for name, value in changes.items()}
+        self._stack: list[contextlib.AbstractContextManager] = []
+
+    def __enter__(self) -> "patch":
+        cm = _patched(self._changes)
+        cm.__enter__()
+        self._stack.append(cm)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.pop().__exit__(*exc)
+
+
+class _ConfigModule(types.ModuleType):
+    """Makes `config.flag = value` validate, and `config.typo = value` fail loudly."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            super().__setattr__(name, value)
+            return
+        super().__setattr__(name, validate(name, value))
+
+
+sys.modules[__name__].__class__ = _ConfigModule

@@ -1,0 +1,380 @@
+"""The eviction engine: a pool of storages under a byte budget, a logical clock, and rematerialization.
+
+One engine serves three callers: the torch runtime (live training), the operation-log replay (sim/),
+and the compile-time planner (passes/). The protocol for every operation is the same:
+
+    engine.reserve(inputs, out_bytes, name)   # before running: inputs resident and locked, room made
+    ... the caller runs the operation ...
+    op = engine.record(name, inputs, out_sizes, cost)   # after: outputs registered, inputs unlocked
+
+Room is made *before* an allocation, never after, so the accounted memory never exceeds the budget
+(the DTR prototype checked after each op and overshot by up to 60%). Rematerialization calls back into
+the caller through an `Executor`, so the engine itself knows nothing of torch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Iterable, Protocol, Sequence
+
+from ..errors import BudgetError, ThrashError, format_bytes
+from .heuristics import Heuristic, evicted_neighbours, get_heuristic
+from .pool import CandidatePool
+from .records import EqClass, Operation, Storage
+
+# The thrash guard only trips after this many rematerializations, so that one early recompute of an
+# expensive op (when little compute has run yet) does not count as thrashing.
+_THRASH_GRACE_REMATS = 16
+
+
+class Executor(Protocol):
+    """What the engine asks of its caller."""
+
+    def recompute(self, op: Operation) -> None:
+        """Rerun `op` so that every output storage holds its value again (inputs are resident and locked)."""
+
+    def evict(self, storage: Storage) -> None:
+        """Free the memory of `storage` (the engine has already marked it evicted)."""
+
+
+class NullExecutor:
+    """For callers that only account (log replay, planning): nothing to run, nothing to free."""
+
+    def recompute(self, op: Operation) -> None:
+        pass
+
+    def evict(self, storage: Storage) -> None:
+        pass
+
+
+@dataclass
+class EngineStats:
+    """Counters of one engine. Costs are in the caller's unit (ns in logs, seconds in the torch runtime)."""
+
+    budget_bytes: int | None
+    memory_bytes: int
+    peak_bytes: int
+    compute_cost: float
+    remat_cost: float
+    evictions: int
+    eager_evictions: int
+    remats: int
+    search_seconds: float
+
+    @property
+    def overhead(self) -> float:
+        """(original compute + recompute) / original compute."""
+        return (self.compute_cost + self.remat_cost) / self.compute_cost if self.compute_cost > 0 else 1.0
+
+
+class Engine:
+    """Greedy online rematerialization over storages (DTR), driven by an Executor."""
+
+    def __init__(
+        self,
+        budget_bytes: int | None,
+        *,
+        heuristic: str | Heuristic = "dtr_eq",
+        candidate_sampling: str | int = "sqrt",
+        min_evictable_fraction: float = 0.01,
+        min_evictable_bytes: int = 0,
+        thrash_limit: float | None = 1.0,
+        thrash_reference_cost: float | None = None,
+        seed: int = 0,
+        executor: Executor | None = None,
+    ) -> None:
+        """`thrash_reference_cost`: when the total original compute is known in advance (log replay), the
+        thrash guard compares recompute against it instead of against the compute seen so far."""
+        self.budget_bytes = budget_bytes
+        self.heuristic: Heuristic = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
+        self.candidate_sampling = candidate_sampling
+        self.min_evictable_fraction = min_evictable_fraction
+        self.min_evictable_bytes = min_evictable_bytes
+        self.thrash_limit = thrash_limit
+        self.thrash_reference_cost = thrash_reference_cost
+        self.executor: Executor = executor if executor is not None else NullExecutor()
+        self.rng = random.Random(seed)
+        self.pool = CandidatePool()
+        self.clock = 0.0
+        self.memory = 0  # resident bytes of counted storages
+        self.peak = 0
+        self.compute_cost = 0.0
+        self.remat_cost = 0.0
+        self.evictions = 0
+        self.eager_evictions = 0
+        self.remats = 0
+        self.search_seconds = 0.0
+        self._next_sid = 0
+        self._resident_count = 0  # counted resident storages, for the mean size of min_evictable_fraction
+        self._current_op = ""  # name of the op being prepared, for error messages
+
+    # ------------------------------------------------------------------------------------ creation
+
+    def constant(self, nbytes: int, *, counted: bool = False, payload: object = None) -> Storage:
+        """A pinned storage that is never evicted: a parameter, an input, a buffer."""
+        storage = self._new_storage(nbytes, None, pinned=True, counted=counted)
+        storage.payload = payload
+        storage.handles = 1
+        self._allocate(storage)
+        return storage
+
+    def reserve(self, inputs: Sequence[Storage], out_bytes: int, name: str = "op") -> None:
+        """Before running an operation: make its inputs resident (recomputing evicted ones), lock them,
+        and evict until `out_bytes` more fit in the budget. Pair every call with `record` or `abandon`."""
+        self._current_op = name
+        for storage in inputs:
+            storage.locks += 1
+        for storage in inputs:
+            if not storage.resident:
+                self._rematerialize(storage)
+        for storage in inputs:
+            storage.last_access = self.clock
+        self._make_room(out_bytes)
+
+    def record(
+        self,
+        name: str,
+        inputs: Sequence[Storage],
+        out_sizes: Sequence[int],
+        cost: float,
+        *,
+        payload: object = None,
+        consumes: Iterable[Storage] = (),
+        pinned_outputs: bool = False,
+    ) -> Operation:
+        """After running an operation: register its fresh output storages (resident, one handle each) and
+        unlock the inputs. `consumes` lists inputs whose memory an in-place operation took over: they
+        become evicted (recomputable from their producer) without freeing anything."""
+        op = Operation(name, float(cost), tuple(inputs), payload)
+        for storage in inputs:
+            storage.consumers.append(op)
+        for storage in consumes:
+            if storage.producer is None:
+                raise ValueError(f"{name}: a constant cannot be consumed in place (storage #{storage.sid})")
+            self._mark_evicted(storage)
+        for nbytes in out_sizes:
+            out = self._new_storage(nbytes, op, pinned=pinned_outputs, counted=True)
+            out.handles = 1
+            out.last_access = self.clock
+            op.outputs.append(out)
+            self._allocate(out)
+        for storage in inputs:
+            storage.locks -= 1
+        self.clock += op.cost
+        self.compute_cost += op.cost
+        return op
+
+    def abandon(self, inputs: Sequence[Storage]) -> None:
+        """Undo the locks of a `reserve` whose operation failed."""
+        for storage in inputs:
+            storage.locks -= 1
+
+    # ------------------------------------------------------------------------------------ lifetime
+
+    def add_handle(self, storage: Storage) -> None:
+        storage.handles += 1
+
+    def drop_handle(self, storage: Storage) -> None:
+        """A caller's reference died; at zero the memory is freed at once (its record stays for remat)."""
+        storage.handles -= 1
+        if storage.handles <= 0 and storage.resident and not storage.pinned and storage.locks == 0:
+            self._evict(storage, eager=True)
+
+    def pin(self, storage: Storage) -> None:
+        """Never evict `storage` again (e.g. an output that must survive the step)."""
+        if not storage.resident:
+            self.reserve([storage], 0, "pin")
+            self.abandon([storage])
+        storage.pinned = True
+        self.pool.discard(storage)
+
+    def evict(self, storage: Storage) -> None:
+        """Evict `storage` now (planned eviction); it must be resident, unpinned and unlocked."""
+        if storage.pinned or storage.locks or not storage.resident or storage.producer is None:
+            raise ValueError(f"cannot evict {storage!r}: pinned, locked, already evicted or a constant")
+        self._evict(storage, eager=False)
+
+    def materialize(self, storage: Storage) -> None:
+        """Make `storage` resident (recomputing it if needed) without running a new operation."""
+        if not storage.resident:
+            self.reserve([storage], 0, "materialize")
+            self.abandon([storage])
+
+    # ------------------------------------------------------------------------------------ queries
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            budget_bytes=self.budget_bytes,
+            memory_bytes=self.memory,
+            peak_bytes=self.peak,
+            compute_cost=self.compute_cost,
+            remat_cost=self.remat_cost,
+            evictions=self.evictions,
+            eager_evictions=self.eager_evictions,
+            remats=self.remats,
+            search_seconds=self.search_seconds,
+        )
+
+    # ------------------------------------------------------------------------------------ internals
+
+    def _new_storage(self, nbytes: int, producer: Operation | None, *, pinned: bool, counted: bool) -> Storage:
+        storage = Storage(self._next_sid, int(nbytes), producer, pinned=pinned, counted=counted)
+        self._next_sid += 1
+        return storage
+
+    def _allocate(self, storage: Storage) -> None:
+        storage.resident = True
+        if storage.eq is not None:  # coming back from eviction: its class no longer pays for it
+            storage.eq.root().cost -= storage.cost
+            storage.eq = None
+        if storage.counted:
+            self.memory += storage.nbytes
+            self._resident_count += 1
+            if self.memory > self.peak:
+                self.peak = self.memory
+        if not storage.pinned and storage.counted and storage.producer is not None:
+            self.pool.add(storage)
+
+    def _mark_evicted(self, storage: Storage) -> None:
+        """Bookkeeping of an eviction; the caller of this decides whether memory is freed."""
+        storage.resident = False
+        self.pool.discard(storage)
+        if storage.counted:
+            self.memory -= storage.nbytes
+            self._resident_count -= 1
+        storage.eq = EqClass(storage.cost)
+        for neighbour in evicted_neighbours(storage):
+            if neighbour.eq is not None:
+                storage.eq.union(neighbour.eq)
+
+    def _evict(self, storage: Storage, *, eager: bool) -> None:
+        self._mark_evicted(storage)
+        if eager:
+            self.eager_evictions += 1
+        else:
+            self.evictions += 1
+        self.executor.evict(storage)
+
+    def _make_room(self, nbytes: int) -> None:
+        if self.budget_bytes is None:
+            return
+        while self.memory + nbytes > self.budget_bytes:
+            victim = self._choose_victim()
+            if victim is None:
+                self._raise_budget_error(nbytes)
+            self._evict(victim, eager=False)
+
+    def _choose_victim(self) -> Storage | None:
+        start = time.perf_counter()
+        try:
+            threshold = self._min_evictable_size()
+            candidates = [s for s in self._sample() if not s.locks and s.nbytes >= threshold]
+            if not candidates:  # the sample was unlucky or everything is small: look at all of them
+                candidates = [s for s in self.pool if not s.locks]
+            if not candidates:
+                return None
+            clock, rng, score = self.clock, self.rng, self.heuristic
+            return min(candidates, key=lambda s: score(s, clock, rng))
+        finally:
+            self.search_seconds += time.perf_counter() - start
+
+    def _sample(self) -> list[Storage]:
+        n = len(self.pool)
+        if self.candidate_sampling == "all":
+            k = n
+        elif self.candidate_sampling == "sqrt":
+            k = max(1, math.isqrt(n))
+        else:
+            k = int(self.candidate_sampling)
+        return self.pool.sample(k, self.rng)
+
+    def _min_evictable_size(self) -> float:
+        mean = self.memory / self._resident_count if self._resident_count else 0.0
+        return max(self.min_evictable_bytes, self.min_evictable_fraction * mean)
+
+    def _rematerialize(self, target: Storage) -> None:
+        """Recompute `target`, first recomputing whatever evicted inputs its producer needs.
+
+        Iterative (an explicit stack) because chains of evicted storages can be thousands long.
+        """
+        stack: list[tuple[Operation, bool]] = [(self._producer_of(target), False)]
+        while stack:
+            op, inputs_ready = stack.pop()
+            if not inputs_ready:
+                if all(out.resident for out in op.outputs):
+                    continue  # another frame already recomputed this op
+                for storage in op.inputs:
+                    storage.locks += 1
+                stack.append((op, True))
+                for storage in op.inputs:
+                    if not storage.resident:
+                        stack.append((self._producer_of(storage), False))
+                continue
+            self._rerun(op)
+            for storage in op.inputs:
+                storage.locks -= 1
+
+    def _rerun(self, op: Operation) -> None:
+        missing = [out for out in op.outputs if not out.resident]
+        # Lock what is already resident so that making room for the rest cannot evict it mid-recompute.
+        resident = [out for out in op.outputs if out.resident]
+        for out in resident:
+            out.locks += 1
+        try:
+            self._make_room(sum(out.nbytes for out in missing if out.counted))
+            self.executor.recompute(op)
+        finally:
+            for out in resident:
+                out.locks -= 1
+        for storage in op.inputs:
+            storage.last_access = self.clock
+        for out in missing:
+            self._allocate(out)
+            out.last_access = self.clock
+        self.clock += op.cost
+        self.remat_cost += op.cost
+        self.remats += 1
+        self._check_thrash(op)
+        # Outputs whose every handle died were recomputed only as by-products: free them again.
+        for out in missing:
+            if out.handles <= 0 and not out.locks and not out.pinned:
+                self._evict(out, eager=True)
+
+    def _producer_of(self, storage: Storage) -> Operation:
+        if storage.producer is None:
+            raise AssertionError(f"{storage!r} is a constant and cannot have been evicted")
+        return storage.producer
+
+    def _check_thrash(self, op: Operation) -> None:
+        if self.thrash_limit is None:
+            return
+        if self.thrash_reference_cost is not None:
+            reference = self.thrash_reference_cost
+        elif self.remats < _THRASH_GRACE_REMATS:
+            return
+        else:
+            reference = self.compute_cost
+        if self.remat_cost > self.thrash_limit * reference:
+            raise ThrashError(
+                f"thrashing while running {self._current_op!r} (recomputing {op.name!r}): recompute cost "
+                f"{self.remat_cost:.4g} exceeds {self.thrash_limit:g} x the original compute {reference:.4g} "
+                f"under a budget of {format_bytes(self.budget_bytes)}. Raise memory_budget, or raise "
+                f"dtr_compile.config.thrash_limit (None disables the guard)."
+            )
+
+    def _raise_budget_error(self, nbytes: int) -> None:
+        locked = sum(s.nbytes for s in self.pool if s.locks)
+        unevictable = self.memory - sum(s.nbytes for s in self.pool)  # pinned or held outside the pool
+        floor = locked + unevictable + nbytes
+        raise BudgetError(
+            f"memory budget {format_bytes(self.budget_bytes)} cannot be met while running {self._current_op!r}: "
+            f"it needs {format_bytes(nbytes)} more, {format_bytes(locked)} are locked by the running operations "
+            f"and {format_bytes(unevictable)} cannot be evicted (pinned outputs, small tensors), so at least "
+            f"{format_bytes(floor)} ({floor} bytes) are needed here. Raise memory_budget to at least that.",
+            budget_bytes=self.budget_bytes,
+            smallest_feasible_bytes=floor,
+            is_lower_bound=True,
+        )

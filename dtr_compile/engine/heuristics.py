@@ -1,0 +1,133 @@
+"""Eviction heuristics: pure functions of plain records. The engine evicts the candidate with the lowest score.
+
+Notation of the DTR paper (Kirisame et al., ICLR 2021): c = compute cost of a storage's producer,
+m = its bytes, s = staleness (engine clock - last access, the clock being cumulative compute),
+e* = the evicted neighbourhood: evicted storages reachable through evicted-only paths towards parents
+and children, i.e. what rematerializing the candidate would also have to recompute, and what its
+eviction makes costlier to bring back.
+
+Every heuristic has the signature `score(storage, clock, rng) -> float`.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable, Iterator
+
+from .records import EqClass, Storage
+
+Heuristic = Callable[[Storage, float, random.Random], float]
+
+# Staleness of a storage touched at the current clock tick: keeps scores finite without favouring it.
+_MIN_STALENESS = 1e-9
+
+
+def staleness(storage: Storage, clock: float) -> float:
+    return max(clock - storage.last_access, _MIN_STALENESS)
+
+
+def evicted_neighbours(storage: Storage) -> Iterator[Storage]:
+    """Evicted parents (inputs of the producer) and evicted children (outputs of the consumers)."""
+    if storage.producer is not None:
+        for parent in storage.producer.inputs:
+            if not parent.resident:
+                yield parent
+    for op in storage.consumers:
+        for child in op.outputs:
+            if not child.resident:
+                yield child
+
+
+def evicted_neighbourhood_cost(storage: Storage) -> float:
+    """c(e*): total cost of the evicted storages reachable from `storage` through evicted-only paths."""
+    seen: set[int] = {storage.sid}
+    frontier = [storage]
+    total = 0.0
+    while frontier:
+        node = frontier.pop()
+        for neighbour in evicted_neighbours(node):
+            if neighbour.sid not in seen:
+                seen.add(neighbour.sid)
+                total += neighbour.cost
+                frontier.append(neighbour)
+    return total
+
+
+def eq_class_neighbourhood_cost(storage: Storage) -> float:
+    """c(e*) approximated by the union-find classes of the evicted neighbours (each class counted once)."""
+    roots: dict[int, EqClass] = {}
+    for neighbour in evicted_neighbours(storage):
+        if neighbour.eq is not None:
+            root = neighbour.eq.root()
+            roots[id(root)] = root
+    return sum(root.cost for root in roots.values())
+
+
+def h_dtr(storage: Storage, clock: float, rng: random.Random) -> float:
+    """(c(S) + c(e*)) / (m * s) with the exact evicted neighbourhood."""
+    cost = storage.cost + evicted_neighbourhood_cost(storage)
+    return cost / (storage.nbytes * staleness(storage, clock))
+
+
+def h_dtr_eq(storage: Storage, clock: float, rng: random.Random) -> float:
+    """(c(S) + c(e*)) / (m * s) with e* from union-find equivalence classes."""
+    cost = storage.cost + eq_class_neighbourhood_cost(storage)
+    return cost / (storage.nbytes * staleness(storage, clock))
+
+
+def h_dtr_local(storage: Storage, clock: float, rng: random.Random) -> float:
+    """c / (m * s): ignores what has already been evicted around the candidate."""
+    return storage.cost / (storage.nbytes * staleness(storage, clock))
+
+
+def h_msps(storage: Storage, clock: float, rng: random.Random) -> float:
+    """(c + c(evicted ancestors)) / m: Peng et al.'s memory-saving-per-second, no staleness."""
+    seen: set[int] = {storage.sid}
+    frontier = [storage]
+    total = storage.cost
+    while frontier:
+        node = frontier.pop()
+        if node.producer is None:
+            continue
+        for parent in node.producer.inputs:
+            if not parent.resident and parent.sid not in seen:
+                seen.add(parent.sid)
+                total += parent.cost
+                frontier.append(parent)
+    return total / storage.nbytes
+
+
+def h_lru(storage: Storage, clock: float, rng: random.Random) -> float:
+    """Least recently used first."""
+    return storage.last_access
+
+
+def h_size(storage: Storage, clock: float, rng: random.Random) -> float:
+    """Largest storage first."""
+    return 1.0 / storage.nbytes
+
+
+def h_random(storage: Storage, clock: float, rng: random.Random) -> float:
+    """Uniformly random (the control every heuristic must beat)."""
+    return rng.random()
+
+
+HEURISTICS: dict[str, Heuristic] = {
+    "dtr": h_dtr,
+    "dtr_eq": h_dtr_eq,
+    "dtr_local": h_dtr_local,
+    "msps": h_msps,
+    "lru": h_lru,
+    "size": h_size,
+    "random": h_random,
+}
+"""Name -> heuristic. `dtr_compile.config.heuristic` and `--heuristic` accept these names."""
+
+
+def get_heuristic(name: str) -> Heuristic:
+    from ..errors import ConfigError
+
+    try:
+        return HEURISTICS[name]
+    except KeyError:
+        raise ConfigError(f"unknown eviction heuristic {name!r}; expected one of {sorted(HEURISTICS)}") from None

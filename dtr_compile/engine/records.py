@@ -1,0 +1,111 @@
+"""The engine's plain records: storages (the unit of eviction) and operations (how to recompute them).
+
+Callers attach their own data through `payload` (a torch buffer, a log entry); the engine never looks
+inside it. Everything here is plain Python so the heuristics stay pure functions of these records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class EqClass:
+    """A union-find node grouping adjacent evicted storages (h_DTR_eq's approximation of e*).
+
+    Classes are merged when a storage is evicted next to evicted neighbours and their cost is reduced
+    when a member is rematerialized; they are never split (the DTR paper's approximation).
+    """
+
+    __slots__ = ("parent", "cost")
+
+    def __init__(self, cost: float) -> None:
+        self.parent: EqClass = self
+        self.cost = cost
+
+    def root(self) -> "EqClass":
+        node = self
+        while node.parent is not node:
+            node.parent = node.parent.parent  # path halving
+            node = node.parent
+        return node
+
+    def union(self, other: "EqClass") -> "EqClass":
+        a, b = self.root(), other.root()
+        if a is b:
+            return a
+        b.parent = a
+        a.cost += b.cost
+        return a
+
+
+class Storage:
+    """One buffer of memory: every tensor aliasing it lives and dies with it.
+
+    `handles` counts the caller's live references (user-visible tensors); at zero the storage is freed
+    at once ("eager eviction") but its record stays while an operation may need it to recompute another.
+    `counted` is False for memory outside the budget (the torch runtime's parameters and inputs).
+    """
+
+    __slots__ = (
+        "sid",
+        "nbytes",
+        "producer",
+        "consumers",
+        "pinned",
+        "counted",
+        "resident",
+        "locks",
+        "handles",
+        "last_access",
+        "eq",
+        "pool_index",
+        "payload",
+        "meta",
+        "__weakref__",
+    )
+
+    def __init__(self, sid: int, nbytes: int, producer: "Operation | None", *, pinned: bool, counted: bool) -> None:
+        self.sid = sid
+        self.nbytes = nbytes
+        self.producer = producer
+        self.consumers: list[Operation] = []
+        self.pinned = pinned
+        self.counted = counted
+        self.resident = True
+        self.locks = 0
+        self.handles = 0
+        self.last_access = 0.0
+        self.eq: EqClass | None = None
+        self.pool_index = -1
+        self.payload: Any = None
+        self.meta: Any = None  # free for a caller or a heuristic (e.g. the next-use times of a planned schedule)
+
+    @property
+    def cost(self) -> float:
+        """Compute cost of recreating this storage alone (its producer's cost; 0 for constants)."""
+        return self.producer.cost if self.producer is not None else 0.0
+
+    @property
+    def evicted(self) -> bool:
+        return not self.resident
+
+    def __repr__(self) -> str:
+        state = "pinned" if self.pinned else ("resident" if self.resident else "evicted")
+        op = self.producer.name if self.producer is not None else "constant"
+        return f"Storage(#{self.sid}, {self.nbytes} B, {state}, from {op})"
+
+
+class Operation:
+    """A call that produced fresh storages from input storages; rerunning it recreates all its outputs."""
+
+    __slots__ = ("name", "cost", "inputs", "outputs", "payload", "__weakref__")
+
+    def __init__(self, name: str, cost: float, inputs: tuple[Storage, ...], payload: Any = None) -> None:
+        self.name = name
+        self.cost = cost
+        self.inputs = inputs
+        self.outputs: list[Storage] = []
+        self.payload = payload
+
+    def __repr__(self) -> str:
+        return f"Operation({self.name}, cost={self.cost:g}, {len(self.inputs)} in, {len(self.outputs)} out)"
