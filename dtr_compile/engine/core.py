@@ -27,7 +27,18 @@ from .records import EqClass, Operation, Storage
 
 # The thrash guard only trips after this many rematerializations, so that one early recompute of an
 # expensive op (when little compute has run yet) does not count as thrashing.
-_THRASH_GRACE_REMATS = 16
+_THRASH_GRACE_REMATS = 64
+
+
+class _Frame:
+    """One pending recompute in `Engine._rematerialize`: the op and which of its inputs it has locked."""
+
+    __slots__ = ("op", "locked", "first_visit")
+
+    def __init__(self, op: Operation) -> None:
+        self.op = op
+        self.locked: set[int] = set()  # positions in op.inputs
+        self.first_visit = True
 
 
 class Executor(Protocol):
@@ -108,6 +119,9 @@ class Engine:
         self.remats = 0
         self.search_seconds = 0.0
         self._next_sid = 0
+        # Storages with live handles. Operations hold their outputs weakly (records.py), so this is what keeps
+        # a held storage's record alive; one without handles lives only as long as an op may need it.
+        self._held: dict[int, Storage] = {}
         self._resident_count = 0  # counted resident storages, for the mean size of min_evictable_fraction
         self._current_op = ""  # name of the op being prepared, for error messages
 
@@ -117,7 +131,7 @@ class Engine:
         """A pinned storage that is never evicted: a parameter, an input, a buffer."""
         storage = self._new_storage(nbytes, None, pinned=True, counted=counted)
         storage.payload = payload
-        storage.handles = 1
+        self.add_handle(storage)
         self._allocate(storage)
         return storage
 
@@ -144,44 +158,52 @@ class Engine:
         payload: object = None,
         consumes: Iterable[Storage] = (),
         pinned_outputs: bool = False,
+        workspace: int = 0,
     ) -> Operation:
         """After running an operation: register its fresh output storages (resident, one handle each) and
         unlock the inputs. `consumes` lists inputs whose memory an in-place operation took over: they
-        become evicted (recomputable from their producer) without freeing anything."""
-        op = Operation(name, float(cost), tuple(inputs), payload)
+        become evicted (recomputable from their producer) without freeing anything. `workspace`: bytes
+        the op allocates temporarily while running (the caller reserved them too); a recompute makes
+        room for them again."""
+        op = Operation(name, float(cost), tuple(inputs), payload, workspace)
         for storage in inputs:
-            storage.consumers.append(op)
+            if storage.producer is not None:  # constants never need their children: keeps old steps collectable
+                storage.add_consumer(op)
         for storage in consumes:
             if storage.producer is None:
                 raise ValueError(f"{name}: a constant cannot be consumed in place (storage #{storage.sid})")
             self._mark_evicted(storage)
         for nbytes in out_sizes:
             out = self._new_storage(nbytes, op, pinned=pinned_outputs, counted=True)
-            out.handles = 1
-            out.last_access = self.clock
-            op.outputs.append(out)
+            self.add_handle(out)
+            out.last_access = self.clock + op.cost  # written when the op ends: not stale yet (as in DTR)
+            op.add_output(out)
             self._allocate(out)
         for storage in inputs:
-            storage.locks -= 1
+            self._unlock(storage)
         self.clock += op.cost
         self.compute_cost += op.cost
         return op
 
     def abandon(self, inputs: Sequence[Storage]) -> None:
-        """Undo the locks of a `reserve` whose operation failed."""
+        """Undo the locks of a `reserve` whose operation failed (or that only materialized its inputs)."""
         for storage in inputs:
-            storage.locks -= 1
+            self._unlock(storage)
 
     # ------------------------------------------------------------------------------------ lifetime
 
     def add_handle(self, storage: Storage) -> None:
+        if storage.handles <= 0:
+            self._held[storage.sid] = storage
         storage.handles += 1
 
     def drop_handle(self, storage: Storage) -> None:
         """A caller's reference died; at zero the memory is freed at once (its record stays for remat)."""
         storage.handles -= 1
-        if storage.handles <= 0 and storage.resident and not storage.pinned and storage.locks == 0:
-            self._evict(storage, eager=True)
+        if storage.handles <= 0:
+            self._held.pop(storage.sid, None)
+            if storage.resident and not storage.pinned and storage.locks == 0:
+                self._evict(storage, eager=True)
 
     def pin(self, storage: Storage) -> None:
         """Never evict `storage` again (e.g. an output that must survive the step)."""
@@ -235,7 +257,8 @@ class Engine:
             self._resident_count += 1
             if self.memory > self.peak:
                 self.peak = self.memory
-        if not storage.pinned and storage.counted and storage.producer is not None:
+        # Evicting an empty storage frees nothing (and every heuristic divides by its size): never a candidate.
+        if not storage.pinned and storage.counted and storage.producer is not None and storage.nbytes > 0:
             self.pool.add(storage)
 
     def _mark_evicted(self, storage: Storage) -> None:
@@ -298,24 +321,47 @@ class Engine:
     def _rematerialize(self, target: Storage) -> None:
         """Recompute `target`, first recomputing whatever evicted inputs its producer needs.
 
-        Iterative (an explicit stack) because chains of evicted storages can be thousands long.
+        Iterative (an explicit stack) because chains of evicted storages can be thousands long. A frame
+        locks only the inputs that are resident, and recomputes its missing inputs one at a time, locking
+        each as soon as it is back: along a chain t0 -> t1 -> ... -> tk only about two storages are locked
+        at any moment, instead of the whole chain (which would make tight budgets fail needlessly).
         """
-        stack: list[tuple[Operation, bool]] = [(self._producer_of(target), False)]
+        stack = [_Frame(self._producer_of(target))]
         while stack:
-            op, inputs_ready = stack.pop()
-            if not inputs_ready:
-                if all(out.resident for out in op.outputs):
-                    continue  # another frame already recomputed this op
-                for storage in op.inputs:
+            frame = stack[-1]
+            op = frame.op
+            if frame.first_visit:
+                frame.first_visit = False
+                # Every storage a frame waits for is locked (by `reserve` or by the frame below): if none of
+                # those is missing, another frame already recomputed this op (dead by-products stay evicted).
+                if not any(out.locks and not out.resident for out in op.outputs):
+                    stack.pop()
+                    continue
+            missing: Storage | None = None
+            for position, storage in enumerate(op.inputs):
+                if position in frame.locked:
+                    continue
+                if storage.resident:
                     storage.locks += 1
-                stack.append((op, True))
-                for storage in op.inputs:
-                    if not storage.resident:
-                        stack.append((self._producer_of(storage), False))
+                    frame.locked.add(position)
+                elif missing is None or storage.producer is missing.producer:
+                    missing = missing or storage
+                    # Locked before it is back (an evicted storage holds no memory): otherwise a dead
+                    # intermediate would be freed again as a by-product of its own recompute, and looped on.
+                    # Siblings from the same producer too: one rerun brings them all back, and an unlocked dead
+                    # sibling would be freed again and recomputed once more (2^depth reruns along a chain of
+                    # multi-output ops that each read both outputs of the previous one).
+                    storage.locks += 1
+                    frame.locked.add(position)
+            if missing is not None:
+                stack.append(_Frame(self._producer_of(missing)))
                 continue
-            self._rerun(op)
-            for storage in op.inputs:
-                storage.locks -= 1
+            stack.pop()
+            try:
+                self._rerun(op)
+            finally:
+                for position in frame.locked:
+                    self._unlock(op.inputs[position])
 
     def _rerun(self, op: Operation) -> None:
         missing = [out for out in op.outputs if not out.resident]
@@ -324,16 +370,16 @@ class Engine:
         for out in resident:
             out.locks += 1
         try:
-            self._make_room(sum(out.nbytes for out in missing if out.counted))
+            self._make_room(sum(out.nbytes for out in missing if out.counted) + op.workspace)
             self.executor.recompute(op)
         finally:
             for out in resident:
-                out.locks -= 1
+                self._unlock(out)
         for storage in op.inputs:
             storage.last_access = self.clock
         for out in missing:
             self._allocate(out)
-            out.last_access = self.clock
+            out.last_access = self.clock + op.cost
         self.clock += op.cost
         self.remat_cost += op.cost
         self.remats += 1
@@ -342,6 +388,12 @@ class Engine:
         for out in missing:
             if out.handles <= 0 and not out.locks and not out.pinned:
                 self._evict(out, eager=True)
+
+    def _unlock(self, storage: Storage) -> None:
+        storage.locks -= 1
+        # A handle that died while its storage was locked (in use by a running op) frees it now.
+        if storage.locks == 0 and storage.handles <= 0 and storage.resident and not storage.pinned:
+            self._evict(storage, eager=True)
 
     def _producer_of(self, storage: Storage) -> Operation:
         if storage.producer is None:

@@ -11,6 +11,7 @@ Every heuristic has the signature `score(storage, clock, rng) -> float`.
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Callable, Iterator
 
@@ -20,6 +21,37 @@ Heuristic = Callable[[Storage, float, random.Random], float]
 
 # Staleness of a storage touched at the current clock tick: keeps scores finite without favouring it.
 _MIN_STALENESS = 1e-9
+
+
+class ScheduleClock:
+    """The position of a planned schedule, in its own time unit; shared by every `NextUses` of one run."""
+
+    __slots__ = ("now",)
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+
+class NextUses:
+    """Future knowledge for one storage: the (sorted) times at which the schedule reads it.
+
+    A planner or the log replay puts one in `storage.meta`; the future-aware heuristics read it.
+    """
+
+    __slots__ = ("times", "pos", "clock")
+
+    def __init__(self, times: list[float], clock: ScheduleClock) -> None:
+        self.times = times
+        self.pos = 0
+        self.clock = clock
+
+    def distance(self) -> float:
+        """Time from now to the next read (0 if it is read now, inf if never again)."""
+        times, pos, now = self.times, self.pos, self.clock.now
+        while pos < len(times) and times[pos] < now:
+            pos += 1
+        self.pos = pos
+        return times[pos] - now if pos < len(times) else math.inf
 
 
 def staleness(storage: Storage, clock: float) -> float:

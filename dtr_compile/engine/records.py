@@ -6,6 +6,7 @@ inside it. Everything here is plain Python so the heuristics stay pure functions
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 
@@ -50,7 +51,7 @@ class Storage:
         "sid",
         "nbytes",
         "producer",
-        "consumers",
+        "_consumer_refs",
         "pinned",
         "counted",
         "resident",
@@ -68,7 +69,10 @@ class Storage:
         self.sid = sid
         self.nbytes = nbytes
         self.producer = producer
-        self.consumers: list[Operation] = []
+        # Weak, like Operation's outputs: an op (and its outputs) that nothing can need any more is freed by
+        # reference counting at once instead of waiting for Python's cycle collector (which costs the runtime
+        # a full heap scan every few thousand ops).
+        self._consumer_refs: list[weakref.ref[Operation]] = []
         self.pinned = pinned
         self.counted = counted
         self.resident = True
@@ -79,6 +83,17 @@ class Storage:
         self.pool_index = -1
         self.payload: Any = None
         self.meta: Any = None  # free for a caller or a heuristic (e.g. the next-use times of a planned schedule)
+
+    @property
+    def consumers(self) -> list["Operation"]:
+        """The live operations that read this storage."""
+        return [op for ref in self._consumer_refs if (op := ref()) is not None]
+
+    def add_consumer(self, op: "Operation") -> None:
+        refs = self._consumer_refs
+        refs.append(weakref.ref(op))
+        if len(refs) >= 32 and (len(refs) & (len(refs) - 1)) == 0:  # prune dead refs at powers of two
+            refs[:] = [ref for ref in refs if ref() is not None]
 
     @property
     def cost(self) -> float:
@@ -98,14 +113,27 @@ class Storage:
 class Operation:
     """A call that produced fresh storages from input storages; rerunning it recreates all its outputs."""
 
-    __slots__ = ("name", "cost", "inputs", "outputs", "payload", "__weakref__")
+    __slots__ = ("name", "cost", "inputs", "output_refs", "payload", "workspace", "__weakref__")
 
-    def __init__(self, name: str, cost: float, inputs: tuple[Storage, ...], payload: Any = None) -> None:
+    def __init__(
+        self, name: str, cost: float, inputs: tuple[Storage, ...], payload: Any = None, workspace: int = 0
+    ) -> None:
         self.name = name
         self.cost = cost
         self.inputs = inputs
-        self.outputs: list[Storage] = []
+        self.workspace = workspace  # temporary bytes the op allocates and frees while it runs
+        # Outputs point back at their producer strongly; this side is weak so that the pair forms no cycle.
+        # An output that died can be needed by no one. Positions are stable (a dead output reads as None).
+        self.output_refs: list[weakref.ref[Storage]] = []
         self.payload = payload
+
+    @property
+    def outputs(self) -> list[Storage]:
+        """The live output storages."""
+        return [s for ref in self.output_refs if (s := ref()) is not None]
+
+    def add_output(self, storage: Storage) -> None:
+        self.output_refs.append(weakref.ref(storage))
 
     def __repr__(self) -> str:
         return f"Operation({self.name}, cost={self.cost:g}, {len(self.inputs)} in, {len(self.outputs)} out)"

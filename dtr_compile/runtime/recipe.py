@@ -1,0 +1,123 @@
+"""How to rerun one recorded aten call, and the executor the engine calls back into.
+
+A recipe holds the call's flattened arguments with every tensor replaced by the `TensorValue` it read,
+the RNG state it started from when the op is random (so dropout recomputes the forward's mask), and
+where each engine output storage comes from in the call's results. Arguments the op mutates are
+cloned before a rerun: a recompute must never repeat a side effect (BatchNorm's running statistics)
+and an in-place op's new storage version is built on a copy of the old version.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..engine import Operation, Storage
+from .values import Buffer, TensorValue, buffer, view_of
+
+
+@dataclass(frozen=True)
+class RngState:
+    """Generator state captured before a random op ran."""
+
+    device: torch.device
+    state: torch.Tensor
+
+    @staticmethod
+    def capture(device: torch.device) -> "RngState":
+        if device.type == "cuda":
+            return RngState(device, torch.cuda.get_rng_state(device))
+        return RngState(device, torch.get_rng_state())
+
+    def replay(self) -> "RngState":
+        """Install this state; returns the state it replaced, to be restored with `.replay()` again."""
+        current = RngState.capture(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(self.state, self.device)
+        else:
+            torch.set_rng_state(self.state)
+        return current
+
+
+@dataclass(frozen=True)
+class OutputSource:
+    """Where an engine output storage comes from when the recipe reruns.
+
+    kind "fresh": the untyped storage of result leaf `index`. kind "mutated": argument leaf `index`,
+    which the rerun builds on a copy of the old storage version and mutates in place.
+    """
+
+    kind: str
+    index: int
+
+
+class Recipe:
+    """Everything needed to rerun one aten call."""
+
+    __slots__ = ("func", "spec", "leaves", "mutated", "sources", "rng")
+
+    def __init__(
+        self,
+        func: torch._ops.OpOverload,
+        spec: Any,
+        leaves: list[Any],
+        mutated: frozenset[int],
+        sources: list[OutputSource],
+        rng: RngState | None,
+    ) -> None:
+        self.func = func
+        self.spec = spec
+        self.leaves = leaves  # TensorValue for tensor arguments, the argument itself otherwise
+        self.mutated = mutated  # leaf indices of arguments the op writes
+        self.sources = sources  # one per engine output storage, in order
+        self.rng = rng
+
+    def rerun(self, op: Operation) -> None:
+        flat: list[Any] = []
+        copies: dict[int, torch.UntypedStorage] = {}  # leaf index -> copy of a mutated argument's storage
+        for i, leaf in enumerate(self.leaves):
+            if not isinstance(leaf, TensorValue):
+                flat.append(leaf)
+            elif i in self.mutated:
+                copy = buffer(leaf.storage).untyped.clone()  # type: ignore[union-attr]
+                copies[i] = copy
+                flat.append(view_of(copy, leaf))
+            else:
+                flat.append(leaf.get())
+        args, kwargs = tree_unflatten(flat, self.spec)
+        previous = self.rng.replay() if self.rng is not None else None
+        try:
+            result = self.func(*args, **kwargs)
+        finally:
+            if previous is not None:
+                previous.replay()
+        results = tree_flatten(result)[0]
+        for ref, source in zip(op.output_refs, self.sources):
+            storage = ref()
+            if storage is None or storage.resident:
+                continue  # still holds its value; the rerun's copy is dropped
+            if source.kind == "fresh":
+                buffer(storage).untyped = results[source.index].untyped_storage()
+            else:
+                buffer(storage).untyped = copies[source.index]
+
+
+class TorchExecutor:
+    """The engine's callbacks for torch: rerun a recipe, drop a buffer; times the recomputes."""
+
+    def __init__(self) -> None:
+        self.recompute_seconds = 0.0
+
+    def recompute(self, op: Operation) -> None:
+        start = time.perf_counter()
+        op.payload.rerun(op)
+        self.recompute_seconds += time.perf_counter() - start
+
+    def evict(self, storage: Storage) -> None:
+        payload = storage.payload
+        if isinstance(payload, Buffer):
+            payload.drop()

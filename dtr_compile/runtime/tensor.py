@@ -1,0 +1,78 @@
+"""`DTRTensor`: the handle a user holds for a runtime-managed tensor.
+
+It is a wrapper subclass: metadata only, its bytes live in an engine storage that may be evicted and
+recomputed behind it. Inside `runtime.enable()` every aten call goes through the runtime's dispatch
+mode (mode.py). Outside it (a loss or a gradient that leaves the context) the class-level
+`__torch_dispatch__` materializes the value and runs the op on plain tensors, so results leaving the
+context behave as ordinary tensors.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from .values import TensorValue, buffer
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+
+class HandleCell:
+    """The value a handle points at, shared with its death callback (which must not hold the handle)."""
+
+    __slots__ = ("value", "name", "__weakref__")
+
+    def __init__(self, value: TensorValue, name: str | None = None) -> None:
+        self.value = value
+        self.name = name  # the handle's name in a recorded operation log, if the runtime records one
+
+
+class DTRTensor(torch.Tensor):
+    """A tensor whose storage the DTR runtime may evict and recompute transparently."""
+
+    _cell: HandleCell
+    _runtime: "Runtime"
+
+    @staticmethod
+    def __new__(cls, value: TensorValue, runtime: "Runtime") -> "DTRTensor":
+        handle = torch.Tensor._make_wrapper_subclass(
+            cls,
+            value.size,
+            strides=value.stride,
+            storage_offset=value.offset,
+            dtype=value.dtype,
+            device=runtime.device_of(value),
+            requires_grad=False,
+        )
+        recorder = runtime.recorder
+        handle._cell = HandleCell(value, recorder.new_name() if recorder is not None else None)
+        handle._runtime = runtime
+        runtime.engine.add_handle(value.storage)
+        buffer(value.storage).cells.add(handle._cell)
+        weakref.finalize(handle, runtime.on_handle_death, handle._cell)
+        return handle
+
+    @property
+    def dtr_value(self) -> TensorValue:
+        return self._cell.value
+
+    def materialize(self) -> torch.Tensor:
+        """This tensor's value as a plain tensor (recomputed if it was evicted)."""
+        return self._runtime.materialize(self._cell.value)
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # noqa: D105
+        value = self._cell.value
+        state = "resident" if value.storage.resident else "evicted"
+        return f"DTRTensor(shape={tuple(self.shape)}, dtype={self.dtype}, {state})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        # Reached only when no runtime mode is active: the handle has left its context. Run plainly.
+        def unwrap(x: Any) -> Any:
+            return x.materialize() if isinstance(x, DTRTensor) else x
+
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))

@@ -1,0 +1,24 @@
+"""Values and gradients under the eager runtime equal plain eager PyTorch, at several budgets, and the
+measured peak stays within 1.05 x the budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import models
+from .helpers import check_budgets
+
+CASES = {
+    "mlp": (models.mlp, models.mlp_step, (1.0, 0.7, 0.5)),
+    "cnn_batchnorm": (models.cnn, models.cnn_step, (1.0, 0.7, 0.55)),
+    "transformer_dropout": (models.TransformerWithDropout, models.transformer_step, (1.0, 0.7, 0.5)),
+    "lstm_loop": (models.LSTMLoop, models.lstm_step, (1.0, 0.6, 0.4)),
+    "data_dependent": (models.DataDependent, models.data_dependent_step, (1.0, 0.7, 0.5)),
+    "views_inplace": (models.ViewsAndInPlace, models.views_step, (1.0, 0.7, 0.5)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_eager_within_budget(case: str) -> None:
+    make_model, step, fractions = CASES[case]
+    check_budgets(make_model, step, fractions)
