@@ -9,11 +9,11 @@ from .heuristics import HEURISTICS, Heuristic, get_heuristic
 from .records import EqClass, Operation, Storage
 
 __all__ = [
+    "HEURISTICS",
     "Engine",
     "EngineStats",
     "EqClass",
     "Executor",
-    "HEURISTICS",
     "Heuristic",
     "NullExecutor",
     "Operation",

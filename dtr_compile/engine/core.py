@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol
 
 from ..errors import BudgetError, ThrashError, format_bytes
 from .heuristics import Heuristic, evicted_neighbours, get_heuristic
@@ -29,11 +30,14 @@ from .records import EqClass, Operation, Storage
 # expensive op (when little compute has run yet) does not count as thrashing.
 _THRASH_GRACE_REMATS = 64
 
+# Below this many candidates, "sqrt" sampling scores them all.
+_MIN_SAMPLE = 32
+
 
 class _Frame:
     """One pending recompute in `Engine._rematerialize`: the op and which of its inputs it has locked."""
 
-    __slots__ = ("op", "locked", "first_visit")
+    __slots__ = ("first_visit", "locked", "op")
 
     def __init__(self, op: Operation) -> None:
         self.op = op
@@ -137,16 +141,22 @@ class Engine:
 
     def reserve(self, inputs: Sequence[Storage], out_bytes: int, name: str = "op") -> None:
         """Before running an operation: make its inputs resident (recomputing evicted ones), lock them,
-        and evict until `out_bytes` more fit in the budget. Pair every call with `record` or `abandon`."""
+        and evict until `out_bytes` more fit in the budget. Pair every call with `record` or `abandon`.
+        If it raises (BudgetError, ThrashError, an executor's error), it has released its locks itself."""
         self._current_op = name
         for storage in inputs:
             storage.locks += 1
-        for storage in inputs:
-            if not storage.resident:
-                self._rematerialize(storage)
-        for storage in inputs:
-            storage.last_access = self.clock
-        self._make_room(out_bytes)
+        try:
+            for storage in inputs:
+                if not storage.resident:
+                    self._rematerialize(storage)
+            for storage in inputs:
+                storage.last_access = self.clock
+            self._make_room(out_bytes)
+        except BaseException:
+            for storage in inputs:
+                self._unlock(storage)
+            raise
 
     def record(
         self,
@@ -255,8 +265,7 @@ class Engine:
         if storage.counted:
             self.memory += storage.nbytes
             self._resident_count += 1
-            if self.memory > self.peak:
-                self.peak = self.memory
+            self.peak = max(self.peak, self.memory)
         # Evicting an empty storage frees nothing (and every heuristic divides by its size): never a candidate.
         if not storage.pinned and storage.counted and storage.producer is not None and storage.nbytes > 0:
             self.pool.add(storage)
@@ -309,7 +318,9 @@ class Engine:
         if self.candidate_sampling == "all":
             k = n
         elif self.candidate_sampling == "sqrt":
-            k = max(1, math.isqrt(n))
+            # sqrt(n) keeps the search cheap for large pools; small pools are scored whole, since a sample of
+            # 3 out of 10 too often holds only fresh tensors about to be used again.
+            k = max(math.isqrt(n), min(n, _MIN_SAMPLE))
         else:
             k = int(self.candidate_sampling)
         return self.pool.sample(k, self.rng)
@@ -327,6 +338,15 @@ class Engine:
         at any moment, instead of the whole chain (which would make tight budgets fail needlessly).
         """
         stack = [_Frame(self._producer_of(target))]
+        try:
+            self._run_frames(stack)
+        except BaseException:  # release what the frames still waiting hold, or those storages stay locked forever
+            for frame in stack:
+                for position in frame.locked:
+                    self._unlock(frame.op.inputs[position])
+            raise
+
+    def _run_frames(self, stack: list[_Frame]) -> None:
         while stack:
             frame = stack[-1]
             op = frame.op
@@ -383,11 +403,11 @@ class Engine:
         self.clock += op.cost
         self.remat_cost += op.cost
         self.remats += 1
-        self._check_thrash(op)
         # Outputs whose every handle died were recomputed only as by-products: free them again.
         for out in missing:
             if out.handles <= 0 and not out.locks and not out.pinned:
                 self._evict(out, eager=True)
+        self._check_thrash(op)  # last: a ThrashError must not leave freed-again by-products resident
 
     def _unlock(self, storage: Storage) -> None:
         storage.locks -= 1

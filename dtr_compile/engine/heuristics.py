@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from .records import EqClass, Storage
 
@@ -38,7 +38,7 @@ class NextUses:
     A planner or the log replay puts one in `storage.meta`; the future-aware heuristics read it.
     """
 
-    __slots__ = ("times", "pos", "clock")
+    __slots__ = ("clock", "pos", "times")
 
     def __init__(self, times: list[float], clock: ScheduleClock) -> None:
         self.times = times

@@ -17,20 +17,20 @@ class EqClass:
     when a member is rematerialized; they are never split (the DTR paper's approximation).
     """
 
-    __slots__ = ("parent", "cost")
+    __slots__ = ("cost", "parent")
 
     def __init__(self, cost: float) -> None:
         self.parent: EqClass = self
         self.cost = cost
 
-    def root(self) -> "EqClass":
+    def root(self) -> EqClass:
         node = self
         while node.parent is not node:
             node.parent = node.parent.parent  # path halving
             node = node.parent
         return node
 
-    def union(self, other: "EqClass") -> "EqClass":
+    def union(self, other: EqClass) -> EqClass:
         a, b = self.root(), other.root()
         if a is b:
             return a
@@ -48,24 +48,24 @@ class Storage:
     """
 
     __slots__ = (
-        "sid",
-        "nbytes",
-        "producer",
+        "__weakref__",
         "_consumer_refs",
-        "pinned",
         "counted",
-        "resident",
-        "locks",
+        "eq",
         "handles",
         "last_access",
-        "eq",
-        "pool_index",
-        "payload",
+        "locks",
         "meta",
-        "__weakref__",
+        "nbytes",
+        "payload",
+        "pinned",
+        "pool_index",
+        "producer",
+        "resident",
+        "sid",
     )
 
-    def __init__(self, sid: int, nbytes: int, producer: "Operation | None", *, pinned: bool, counted: bool) -> None:
+    def __init__(self, sid: int, nbytes: int, producer: Operation | None, *, pinned: bool, counted: bool) -> None:
         self.sid = sid
         self.nbytes = nbytes
         self.producer = producer
@@ -85,11 +85,11 @@ class Storage:
         self.meta: Any = None  # free for a caller or a heuristic (e.g. the next-use times of a planned schedule)
 
     @property
-    def consumers(self) -> list["Operation"]:
+    def consumers(self) -> list[Operation]:
         """The live operations that read this storage."""
         return [op for ref in self._consumer_refs if (op := ref()) is not None]
 
-    def add_consumer(self, op: "Operation") -> None:
+    def add_consumer(self, op: Operation) -> None:
         refs = self._consumer_refs
         refs.append(weakref.ref(op))
         if len(refs) >= 32 and (len(refs) & (len(refs) - 1)) == 0:  # prune dead refs at powers of two
@@ -113,7 +113,7 @@ class Storage:
 class Operation:
     """A call that produced fresh storages from input storages; rerunning it recreates all its outputs."""
 
-    __slots__ = ("name", "cost", "inputs", "output_refs", "payload", "workspace", "__weakref__")
+    __slots__ = ("__weakref__", "cost", "inputs", "name", "output_refs", "payload", "workspace")
 
     def __init__(
         self, name: str, cost: float, inputs: tuple[Storage, ...], payload: Any = None, workspace: int = 0

@@ -11,7 +11,8 @@ value is snapshotted first and those ops are pointed at the snapshot; otherwise 
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -23,7 +24,7 @@ _LIVENESS_SEARCH_LIMIT = 256
 
 
 class ConstantEntry:
-    __slots__ = ("storage", "tensor", "consumers")
+    __slots__ = ("consumers", "storage", "tensor")
 
     def __init__(self, storage: Storage, tensor: torch.Tensor, on_death) -> None:
         self.storage = storage

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..engine import Storage
+from .calls import flatten_call, flatten_result, op_info, unflatten_call, unflatten_result, written_leaves
 from .recipe import OutputSource, Recipe, RngState
 from .tensor import DTRTensor
 from .values import Buffer, TensorValue, buffer
@@ -30,22 +30,10 @@ from .workspace import workspace_bytes
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-_aten = torch.ops.aten
-
-# Ops that write arguments their schema does not mark as written: (op, leaf positions of those arguments).
-# native_batch_norm updates running_mean/running_var in place in training mode.
-_UNDECLARED_WRITES: dict[Any, tuple[int, ...]] = {
-    _aten.native_batch_norm.default: (3, 4),
-}
-for _name in ("cudnn_batch_norm", "miopen_batch_norm"):
-    if hasattr(_aten, _name):
-        _UNDECLARED_WRITES[getattr(_aten, _name).default] = (3, 4)
-
-
 class DTRMode(TorchDispatchMode):
     """Interposes on every aten call while a Runtime is active."""
 
-    def __init__(self, runtime: "Runtime") -> None:
+    def __init__(self, runtime: Runtime) -> None:
         super().__init__()
         self.runtime = runtime
 
@@ -53,9 +41,10 @@ class DTRMode(TorchDispatchMode):
         return run_call(self.runtime, func, args, kwargs or {})
 
 
-def run_call(rt: "Runtime", func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+def run_call(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     engine = rt.engine
-    flat, spec = tree_flatten((args, kwargs))
+    info = op_info(func)
+    flat, spec = flatten_call(args, kwargs)
     leaves: list[Any] = list(flat)
     inputs: dict[int, Storage] = {}  # id -> storage, in first-seen order
     for i, x in enumerate(flat):
@@ -69,8 +58,9 @@ def run_call(rt: "Runtime", func: torch._ops.OpOverload, args: tuple, kwargs: di
         inputs.setdefault(id(value.storage), value.storage)
     storages = list(inputs.values())
 
-    written = _written_leaves(func, args, kwargs, flat)
-    fresh_expected = rt.sizes.fresh_bytes(func, flat, spec)
+    written = written_leaves(info, args, kwargs, flat)
+    facts = rt.sizes.facts(func, flat, spec, info.only_views)
+    fresh_expected = facts.fresh_bytes
     recipe_leaves = leaves
     for i in written:
         value = leaves[i]
@@ -80,16 +70,16 @@ def run_call(rt: "Runtime", func: torch._ops.OpOverload, args: tuple, kwargs: di
                 recipe_leaves = list(leaves) if recipe_leaves is leaves else recipe_leaves
                 recipe_leaves[i] = value.retarget(frozen)
 
-    name = str(func)
+    name = info.name
     workspace = workspace_bytes(func, args, fresh_expected or 0, _device_of_call(flat))
     engine.reserve(storages, (fresh_expected or 0) + workspace, name)
     try:
         plain = [leaf.get() if isinstance(leaf, TensorValue) else leaf for leaf in leaves]
-        rng = RngState.capture(_device_of_call(plain)) if torch.Tag.nondeterministic_seeded in func.tags else None
-        plain_args, plain_kwargs = tree_unflatten(plain, spec)
+        rng = RngState.capture(_device_of_call(plain)) if info.random else None
+        plain_args, plain_kwargs = unflatten_call(plain, spec)
         start = time.perf_counter()
         result = func(*plain_args, **plain_kwargs)
-        cost = time.perf_counter() - start
+        cost = facts.observe(time.perf_counter() - start)
     except BaseException:
         engine.abandon(storages)
         raise
@@ -97,28 +87,10 @@ def run_call(rt: "Runtime", func: torch._ops.OpOverload, args: tuple, kwargs: di
                    workspace, unpredicted=fresh_expected is None)
 
 
-def _written_leaves(func: torch._ops.OpOverload, args: tuple, kwargs: dict, flat: list[Any]) -> list[int]:
-    """Leaf indices (in the flattened (args, kwargs)) of the tensor arguments the op writes."""
-    positions = [i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-    positions.extend(_UNDECLARED_WRITES.get(func, ()))
-    if not positions:
-        return []
-    written_objects: list[Any] = []
-    schema_args = func._schema.arguments
-    for pos in positions:
-        arg = args[pos] if pos < len(args) else kwargs.get(schema_args[pos].name)
-        if isinstance(arg, torch.Tensor):
-            written_objects.append(arg)
-        elif isinstance(arg, (list, tuple)):
-            written_objects.extend(t for t in arg if isinstance(t, torch.Tensor))
-    ids = {id(t) for t in written_objects}
-    return [i for i, x in enumerate(flat) if id(x) in ids]
-
-
 def _record(rt, func, spec, flat, leaves, recipe_leaves, plain, storages, written, result, cost, rng, name,
             workspace, unpredicted):
     engine = rt.engine
-    results, result_spec = tree_flatten(result)
+    results, result_spec = flatten_result(result)
     address_of_input = {}  # storage address -> engine storage of an argument
     for leaf, p in zip(leaves, plain):
         if isinstance(leaf, TensorValue) and p.untyped_storage().nbytes() > 0:
@@ -195,7 +167,7 @@ def _record(rt, func, spec, flat, leaves, recipe_leaves, plain, storages, writte
         _log_call(rt, name, flat, leaves, written, results, wrapped, fresh_position, op_outputs, cost)
     for storage in op_outputs:
         engine.drop_handle(storage)  # the engine's initial handle: from now on only DTRTensors count
-    return tree_unflatten(wrapped, result_spec)
+    return unflatten_result(wrapped, result_spec)
 
 
 def _log_call(rt, name, flat, leaves, written, results, wrapped, fresh_position, op_outputs, cost) -> None:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..engine import Operation, Storage
+from .calls import flatten_result, unflatten_call
 from .values import Buffer, TensorValue, buffer, view_of
 
 
@@ -28,12 +28,12 @@ class RngState:
     state: torch.Tensor
 
     @staticmethod
-    def capture(device: torch.device) -> "RngState":
+    def capture(device: torch.device) -> RngState:
         if device.type == "cuda":
             return RngState(device, torch.cuda.get_rng_state(device))
         return RngState(device, torch.get_rng_state())
 
-    def replay(self) -> "RngState":
+    def replay(self) -> RngState:
         """Install this state; returns the state it replaced, to be restored with `.replay()` again."""
         current = RngState.capture(self.device)
         if self.device.type == "cuda":
@@ -58,7 +58,7 @@ class OutputSource:
 class Recipe:
     """Everything needed to rerun one aten call."""
 
-    __slots__ = ("func", "spec", "leaves", "mutated", "sources", "rng")
+    __slots__ = ("func", "leaves", "mutated", "rng", "sources", "spec")
 
     def __init__(
         self,
@@ -88,14 +88,14 @@ class Recipe:
                 flat.append(view_of(copy, leaf))
             else:
                 flat.append(leaf.get())
-        args, kwargs = tree_unflatten(flat, self.spec)
+        args, kwargs = unflatten_call(flat, self.spec)
         previous = self.rng.replay() if self.rng is not None else None
         try:
             result = self.func(*args, **kwargs)
         finally:
             if previous is not None:
                 previous.replay()
-        results = tree_flatten(result)[0]
+        results = flatten_result(result)[0]
         for ref, source in zip(op.output_refs, self.sources):
             storage = ref()
             if storage is None or storage.resident:

@@ -13,7 +13,8 @@ marks ANNOTATE BACKWARD. Times are the measured wall time of each op in ns.
 from __future__ import annotations
 
 import os
-from typing import IO, Sequence
+from collections.abc import Sequence
+from typing import IO
 
 import torch
 

@@ -111,7 +111,7 @@ class Runtime:
 
     # -------------------------------------------------------------------------------- context
 
-    def __enter__(self) -> "Runtime":
+    def __enter__(self) -> Runtime:
         if self._mode is not None:
             raise DTRError("this dtr_compile Runtime is already active; runtimes do not nest")
         self._calibrating = False
@@ -126,7 +126,7 @@ class Runtime:
         self._mode.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         mode, self._mode = self._mode, None
         assert mode is not None
         mode.__exit__(*exc)

@@ -7,47 +7,57 @@ answer per call signature, so a training loop pays the meta run only in its firs
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten
+
+from .calls import unflatten_call
 
 _META = torch.device("meta")
 _CACHE_LIMIT = 200_000  # signatures; a pathological dynamic model must not grow the cache forever
 
 
-def returns_only_views(func: torch._ops.OpOverload) -> bool:
-    """True when every tensor the op returns aliases an argument (views, in-place ops): no fresh bytes."""
-    returns = func._schema.returns
-    return all(r.alias_info is not None for r in returns)
+class CallFacts:
+    """What the runtime learned about one call signature: fresh output bytes and compute cost."""
+
+    __slots__ = ("cost", "fresh_bytes")
+
+    def __init__(self, fresh_bytes: int | None) -> None:
+        self.fresh_bytes = fresh_bytes  # None when the outputs' size depends on data (e.g. nonzero)
+        self.cost = float("inf")
+
+    def observe(self, seconds: float) -> float:
+        """Record a timing; returns the cost to use: the fastest seen, since on a shared machine a slow
+        run measures the neighbours, and a noisy cost makes the eviction choices noisy."""
+        self.cost = min(self.cost, seconds)
+        return self.cost
 
 
 class OutputSizer:
-    """Caches the fresh output bytes of each call signature (op, argument shapes/strides/dtypes, scalars)."""
+    """Caches `CallFacts` per call signature (op, argument shapes/strides/dtypes, scalars)."""
 
     def __init__(self) -> None:
-        self._cache: dict[Hashable, int | None] = {}
+        self._cache: dict[Hashable, CallFacts] = {}
 
-    def fresh_bytes(self, func: torch._ops.OpOverload, flat: list[Any], spec: Any) -> int | None:
-        """Bytes of the op's non-aliasing outputs, or None when they depend on data (e.g. nonzero)."""
-        if returns_only_views(func):
-            return 0
+    def facts(self, func: torch._ops.OpOverload, flat: list[Any], spec: Any, only_views: bool) -> CallFacts:
         key = _signature(func, flat)
-        if key is None:
-            return self._predict(func, flat, spec)
-        try:
-            return self._cache[key]
-        except KeyError:
-            pass
-        if len(self._cache) >= _CACHE_LIMIT:
-            self._cache.clear()
-        result = self._cache[key] = self._predict(func, flat, spec)
-        return result
+        if key is not None:
+            found = self._cache.get(key)
+            if found is not None:
+                return found
+        facts = CallFacts(0 if only_views else self._predict(func, flat, spec))
+        if key is not None:
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[key] = facts
+        return facts
 
     @staticmethod
     def _predict(func: torch._ops.OpOverload, flat: list[Any], spec: Any) -> int | None:
         meta_flat = [_to_meta(x) for x in flat]
-        args, kwargs = tree_unflatten(meta_flat, spec)
+        args, kwargs = unflatten_call(meta_flat, spec)
         try:
             out = func(*args, **kwargs)
         except Exception:  # data-dependent output shapes or no meta kernel: measured after the call instead

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class HandleCell:
     """The value a handle points at, shared with its death callback (which must not hold the handle)."""
 
-    __slots__ = ("value", "name", "__weakref__")
+    __slots__ = ("__weakref__", "name", "value")
 
     def __init__(self, value: TensorValue, name: str | None = None) -> None:
         self.value = value
@@ -35,10 +35,10 @@ class DTRTensor(torch.Tensor):
     """A tensor whose storage the DTR runtime may evict and recompute transparently."""
 
     _cell: HandleCell
-    _runtime: "Runtime"
+    _runtime: Runtime
 
     @staticmethod
-    def __new__(cls, value: TensorValue, runtime: "Runtime") -> "DTRTensor":
+    def __new__(cls, value: TensorValue, runtime: Runtime) -> DTRTensor:
         handle = torch.Tensor._make_wrapper_subclass(
             cls,
             value.size,
@@ -64,7 +64,7 @@ class DTRTensor(torch.Tensor):
         """This tensor's value as a plain tensor (recomputed if it was evicted)."""
         return self._runtime.materialize(self._cell.value)
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:  # noqa: D105
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
         value = self._cell.value
         state = "resident" if value.storage.resident else "evicted"
         return f"DTRTensor(shape={tuple(self.shape)}, dtype={self.dtype}, {state})"

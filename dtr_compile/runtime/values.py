@@ -21,7 +21,7 @@ from ..engine import Storage
 class Buffer:
     """Payload of an engine Storage: its untyped storage (None while evicted) and the values viewing it."""
 
-    __slots__ = ("untyped", "values", "cells", "device")
+    __slots__ = ("cells", "device", "untyped", "values")
 
     def __init__(self, untyped: torch.UntypedStorage | None, device: torch.device) -> None:
         self.untyped = untyped
@@ -39,7 +39,7 @@ class Buffer:
 class TensorValue:
     """An immutable tensor value: a view (dtype, size, stride, offset) into one storage version."""
 
-    __slots__ = ("storage", "dtype", "size", "stride", "offset", "plain", "__weakref__")
+    __slots__ = ("__weakref__", "dtype", "offset", "plain", "size", "storage", "stride")
 
     def __init__(self, storage: Storage, plain: torch.Tensor) -> None:
         self.storage = storage
@@ -56,7 +56,7 @@ class TensorValue:
             self.plain = view_of(buffer(self.storage).untyped, self)
         return self.plain
 
-    def retarget(self, storage: Storage) -> "TensorValue":
+    def retarget(self, storage: Storage) -> TensorValue:
         """The same view into another storage version (after an in-place mutation)."""
         value = TensorValue.__new__(TensorValue)
         value.storage = storage

@@ -12,7 +12,8 @@ tensor of the call. Ops not listed showed no workspace.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

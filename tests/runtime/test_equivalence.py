@@ -9,10 +9,10 @@ from . import models
 from .helpers import check_budgets
 
 CASES = {
-    "mlp": (models.mlp, models.mlp_step, (1.0, 0.7, 0.5)),
+    "mlp": (models.mlp, models.mlp_step, (1.0, 0.7, 0.6)),
     "cnn_batchnorm": (models.cnn, models.cnn_step, (1.0, 0.7, 0.55)),
     "transformer_dropout": (models.TransformerWithDropout, models.transformer_step, (1.0, 0.7, 0.5)),
-    "lstm_loop": (models.LSTMLoop, models.lstm_step, (1.0, 0.6, 0.4)),
+    "lstm_loop": (models.LSTMLoop, models.lstm_step, (1.0, 0.7, 0.5)),
     "data_dependent": (models.DataDependent, models.data_dependent_step, (1.0, 0.7, 0.5)),
     "views_inplace": (models.ViewsAndInPlace, models.views_step, (1.0, 0.7, 0.5)),
 }
