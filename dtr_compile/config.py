@@ -17,7 +17,8 @@ import math
 import re
 import sys
 import types
-from typing import Any, Iterator, Literal, Union
+from collections.abc import Iterator
+from typing import Any, Literal, Union
 
 from .errors import ConfigError
 
@@ -37,7 +38,7 @@ heuristic: str = "dtr_eq"
 
 # How many eviction candidates to score per eviction: "sqrt" samples sqrt(n) of the n candidates
 # (the DTR prototype's trick, keeps search time low), "all" scores every candidate, an int samples that many.
-candidate_sampling: Union[Literal["sqrt", "all"], int] = "sqrt"
+candidate_sampling: Literal["sqrt", "all"] | int = "sqrt"
 
 # Tensors smaller than this fraction of the mean resident tensor size are never evicted: they free
 # almost nothing and cost a search and a recompute (the prototype used 1%).
@@ -48,7 +49,7 @@ min_evictable_bytes: int = 0
 
 # Abort with ThrashError when recompute cost exceeds this multiple of the original compute cost so far
 # (1.0 = the reference simulator's rule: total overhead above 2x counts as thrashing). None disables.
-thrash_limit: Union[float, None] = 1.0
+thrash_limit: float | None = 1.0
 
 # Seed for candidate sampling and the "random" heuristic, so runs are reproducible.
 random_seed: int = 0
@@ -94,11 +95,13 @@ def parse_budget(value: Any) -> Budget:
         match = _BUDGET_RE.match(value)
         if not match:
             raise ConfigError(f"memory_budget={value!r} cannot be parsed; expected {_ACCEPTED_BUDGETS}")
-        number = float(match.group(1)) * (10.0 ** int(match.group(2) or 0))
         unit = match.group(3).upper() or "B"
         if unit not in _UNITS:
             raise ConfigError(f"memory_budget={value!r}: unknown unit {match.group(3)!r}; expected {_ACCEPTED_BUDGETS}")
-        n_bytes = int(round(number * _UNITS[unit]))
+        try:
+            n_bytes = int(round(float(match.group(1)) * (10.0 ** int(match.group(2) or 0)) * _UNITS[unit]))
+        except OverflowError:
+            raise ConfigError(f"memory_budget={value!r} is too large to be a number of bytes") from None
         if n_bytes <= 0:
             raise ConfigError(f"memory_budget={value!r} must be positive; expected {_ACCEPTED_BUDGETS}")
         return n_bytes
@@ -108,12 +111,12 @@ def parse_budget(value: Any) -> Budget:
 def _check_heuristic(value: Any) -> str:
     from .engine.heuristics import HEURISTICS  # lazy: the engine is a sibling layer with no config import
 
-    if value not in HEURISTICS:
+    if not isinstance(value, str) or value not in HEURISTICS:
         raise ConfigError(f"heuristic={value!r} is unknown; expected one of {sorted(HEURISTICS)}")
     return value
 
 
-def _check_sampling(value: Any) -> Union[str, int]:
+def _check_sampling(value: Any) -> str | int:
     if value in ("sqrt", "all"):
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -136,11 +139,14 @@ def _check_nonneg_int(name: str):
     return check
 
 
-def _check_thrash(value: Any) -> Union[float, None]:
+def _check_thrash(value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and math.isfinite(value):
-        return float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf:
+        try:
+            return float(value)
+        except OverflowError:
+            pass
     raise ConfigError(f"thrash_limit={value!r}; expected a positive number (recompute / original compute) or None")
 
 
@@ -200,13 +206,13 @@ class patch(contextlib.ContextDecorator):
         self._changes = {name: validate(name, value) for name, value in changes.items()}
         self._stack: list[contextlib.AbstractContextManager] = []
 
-    def __enter__(self) -> "patch":
+    def __enter__(self) -> patch:
         cm = _patched(self._changes)
         cm.__enter__()
         self._stack.append(cm)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stack.pop().__exit__(*exc)
 
 

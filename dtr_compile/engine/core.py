@@ -223,6 +223,14 @@ class Engine:
         storage.pinned = True
         self.pool.discard(storage)
 
+    def release(self, storage: Storage) -> None:
+        """The caller took this storage's bytes out of the engine's hands (e.g. a gradient handed to the
+        user at the end of a step): stop counting them. The record stays, evicted, for recomputes."""
+        storage.pinned = False
+        if storage.resident:
+            self._mark_evicted(storage)
+            self.executor.evict(storage)
+
     def evict(self, storage: Storage) -> None:
         """Evict `storage` now (planned eviction); it must be resident, unpinned and unlocked."""
         if storage.pinned or storage.locks or not storage.resident or storage.producer is None:

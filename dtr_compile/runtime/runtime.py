@@ -159,6 +159,8 @@ class Runtime:
             grad = tensor.grad
             if isinstance(grad, DTRTensor):
                 tensor.grad = grad.materialize()
+                # Its bytes now belong to the user (live at the next step's start, so outside its budget).
+                self.engine.release(grad._cell.value.storage)
 
     # -------------------------------------------------------------------------------- services
 

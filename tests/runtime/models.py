@@ -123,3 +123,17 @@ class ViewsAndInPlace(nn.Module):
 def views_step(model: nn.Module) -> torch.Tensor:
     x = torch.randn(1024, 64)
     return model(x).square().mean()
+
+
+def gpt2() -> nn.Module:
+    """A 3-layer GPT-2 from `transformers` with random weights (its real model code: attention, GELU, dropout)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    return GPT2LMHeadModel(GPT2Config(n_layer=3, n_embd=64, n_head=4, vocab_size=300, n_positions=64))
+
+
+def gpt2_step(model: nn.Module) -> torch.Tensor:
+    ids = torch.randint(0, 300, (4, 64))
+    return model(ids, labels=ids).loss

@@ -14,6 +14,7 @@ CASES = {
     "transformer_dropout": (models.TransformerWithDropout, models.transformer_step, (1.0, 0.7, 0.5)),
     "lstm_loop": (models.LSTMLoop, models.lstm_step, (1.0, 0.7, 0.5)),
     "data_dependent": (models.DataDependent, models.data_dependent_step, (1.0, 0.7, 0.5)),
+    "gpt2_transformers": (models.gpt2, models.gpt2_step, (1.0, 0.6, 0.4)),
     "views_inplace": (models.ViewsAndInPlace, models.views_step, (1.0, 0.7, 0.5)),
 }
 
