@@ -18,11 +18,11 @@ import re
 import sys
 import types
 from collections.abc import Iterator
-from typing import Any, Literal, Union
+from typing import Any, Literal, Self
 
 from .errors import ConfigError
 
-Budget = Union[int, float, None]
+Budget = int | float | None
 """A normalized budget: int = bytes, float in (0, 1] = fraction of the no-remat peak, None = no remat."""
 
 # ---------------------------------------------------------------------------------------------- flags
@@ -99,7 +99,7 @@ def parse_budget(value: Any) -> Budget:
         if unit not in _UNITS:
             raise ConfigError(f"memory_budget={value!r}: unknown unit {match.group(3)!r}; expected {_ACCEPTED_BUDGETS}")
         try:
-            n_bytes = int(round(float(match.group(1)) * (10.0 ** int(match.group(2) or 0)) * _UNITS[unit]))
+            n_bytes = round(float(match.group(1)) * (10.0 ** int(match.group(2) or 0)) * _UNITS[unit])
         except OverflowError:
             raise ConfigError(f"memory_budget={value!r} is too large to be a number of bytes") from None
         if n_bytes <= 0:
@@ -206,7 +206,7 @@ class patch(contextlib.ContextDecorator):
         self._changes = {name: validate(name, value) for name, value in changes.items()}
         self._stack: list[contextlib.AbstractContextManager] = []
 
-    def __enter__(self) -> patch:
+    def __enter__(self) -> Self:
         cm = _patched(self._changes)
         cm.__enter__()
         self._stack.append(cm)

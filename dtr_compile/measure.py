@@ -9,8 +9,9 @@ Both report bytes allocated *above what was live when the step began*.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch
 

@@ -18,7 +18,7 @@ import os
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Self
 
 import torch
 
@@ -33,6 +33,8 @@ from .recorder import TraceRecorder
 from .sizes import OutputSizer
 from .tensor import DTRTensor, HandleCell
 from .values import TensorValue
+
+_FROM_CONFIG: Any = object()  # default budget: dtr_compile.config.memory_budget at construction
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class Runtime:
 
     def __init__(
         self,
-        memory_budget: Any = "config",
+        memory_budget: Any = _FROM_CONFIG,
         *,
         heuristic: str | None = None,
         reference_peak_bytes: int | None = None,
@@ -77,7 +79,7 @@ class Runtime:
         measure it (with a warning) and later steps of this Runtime use the fraction of it.
         `log`: a path (".gz" compresses) or text stream to record every step as an operation log that
         `python -m dtr_compile.sim` replays offline under other budgets and heuristics."""
-        budget = config.memory_budget if memory_budget == "config" else parse_budget(memory_budget)
+        budget = config.memory_budget if memory_budget is _FROM_CONFIG else parse_budget(memory_budget)
         if reference_peak_bytes is not None and (not isinstance(reference_peak_bytes, int) or reference_peak_bytes <= 0):
             raise ConfigError(f"reference_peak_bytes={reference_peak_bytes!r}; expected a positive int")
         self.memory_budget = budget
@@ -111,7 +113,7 @@ class Runtime:
 
     # -------------------------------------------------------------------------------- context
 
-    def __enter__(self) -> Runtime:
+    def __enter__(self) -> Self:
         if self._mode is not None:
             raise DTRError("this dtr_compile Runtime is already active; runtimes do not nest")
         self._calibrating = False
@@ -131,6 +133,7 @@ class Runtime:
         assert mode is not None
         mode.__exit__(*exc)
         self.constants.end_step()
+        self.engine.free_dead()
         self._steps += 1
         if exc[0] is not None:
             return  # leave gradients as handles: materializing them could raise again and hide the error
@@ -204,7 +207,7 @@ class Runtime:
         )
 
 
-def enable(memory_budget: Any = "config", **options: Any) -> Runtime:
+def enable(memory_budget: Any = _FROM_CONFIG, **options: Any) -> Runtime:
     """A Runtime to use as `with dtr_compile.runtime.enable(memory_budget="1GB") as rt:`.
 
     `memory_budget` defaults to `dtr_compile.config.memory_budget`; see `Runtime` for the options.

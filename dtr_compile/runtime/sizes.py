@@ -60,7 +60,7 @@ class OutputSizer:
         args, kwargs = unflatten_call(meta_flat, spec)
         try:
             out = func(*args, **kwargs)
-        except Exception:  # data-dependent output shapes or no meta kernel: measured after the call instead
+        except Exception:  # noqa: BLE001 -- data-dependent shapes or no meta kernel: measured after the call
             return None
         fresh = [r.alias_info is None for r in func._schema.returns]
         outs = out if isinstance(out, (tuple, list)) and len(func._schema.returns) > 1 else (out,)

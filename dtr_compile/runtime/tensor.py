@@ -10,9 +10,10 @@ context behave as ordinary tensors.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
 from .values import TensorValue, buffer
@@ -38,7 +39,7 @@ class DTRTensor(torch.Tensor):
     _runtime: Runtime
 
     @staticmethod
-    def __new__(cls, value: TensorValue, runtime: Runtime) -> DTRTensor:
+    def __new__(cls, value: TensorValue, runtime: Runtime) -> Self:
         handle = torch.Tensor._make_wrapper_subclass(
             cls,
             value.size,
@@ -61,13 +62,32 @@ class DTRTensor(torch.Tensor):
         return self._cell.value
 
     def materialize(self) -> torch.Tensor:
-        """This tensor's value as a plain tensor (recomputed if it was evicted)."""
-        return self._runtime.materialize(self._cell.value)
+        """This tensor's value as a plain tensor (recomputed if it was evicted). Inside the runtime's
+        context, ops on the result are tracked again as constants; use it to hand values to non-torch code."""
+        with _disable_current_modes():
+            return self._runtime.materialize(self._cell.value)
+
+    # Methods that read a tensor's bytes without an aten call: answer from the materialized value.
+    def tolist(self) -> Any:
+        with _disable_current_modes():
+            return self.materialize().tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        with _disable_current_modes():
+            return self.materialize().detach().clone().numpy(force=force)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        array = self.numpy()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    def __reduce_ex__(self, protocol: int) -> Any:  # torch.save / pickle store the plain value
+        with _disable_current_modes():
+            return self.materialize().detach().clone().__reduce_ex__(protocol)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        value = self._cell.value
-        state = "resident" if value.storage.resident else "evicted"
-        return f"DTRTensor(shape={tuple(self.shape)}, dtype={self.dtype}, {state})"
+        state = "resident" if self._cell.value.storage.resident else "evicted, recomputed to print"
+        with _disable_current_modes():
+            return f"DTRTensor({self.materialize()!r}, {state})"
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]

@@ -8,8 +8,8 @@ step, so the measured peak is what the step allocates (DESIGN.md's definition).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
