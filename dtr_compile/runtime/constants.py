@@ -105,14 +105,15 @@ class ConstantRegistry:
         self.snapshot_bytes += snapshot.nbytes()
         # Recorded values now read the snapshot; live handles get fresh values on the mutated tensor.
         frozen = self._pinned(storage.nbytes, Buffer(snapshot, old.device))
-        for value in list(old.values):
+        for value in old.values.items():
             if value is keep:
                 continue
-            old.values.discard(value)
             value.storage = frozen
             value.plain = None
             buffer(frozen).values.add(value)
-        for cell in list(old.cells):
+        old.values.clear()
+        old.values.add(keep)
+        for cell in old.cells.items():
             cell.value = cell.value.retarget(storage)
         return frozen
 

@@ -71,7 +71,9 @@ def run_call(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict
                 recipe_leaves[i] = value.retarget(frozen)
 
     name = info.name
-    workspace = workspace_bytes(func, args, fresh_expected or 0, _device_of_call(flat))
+    workspace = facts.workspace
+    if workspace is None:
+        workspace = facts.workspace = workspace_bytes(func, args, fresh_expected or 0, _device_of_call(flat))
     engine.reserve(storages, (fresh_expected or 0) + workspace, name)
     try:
         plain = [leaf.get() if isinstance(leaf, TensorValue) else leaf for leaf in leaves]
@@ -209,12 +211,12 @@ def _move_handles(engine, old: Storage, new: Storage) -> None:
     old_buffer = buffer(old)
     new.payload = Buffer(old_buffer.untyped, old_buffer.device)
     old_buffer.drop()  # cached views of the old version would now show the new contents
-    for cell in list(old_buffer.cells):
+    for cell in old_buffer.cells.items():
         cell.value = cell.value.retarget(new)
         buffer(new).cells.add(cell)
         engine.add_handle(new)
         engine.drop_handle(old)
-    old_buffer.cells = type(old_buffer.cells)()
+    old_buffer.cells.clear()
 
 
 def _device_of_call(plain: list[Any]) -> torch.device:

@@ -172,6 +172,13 @@ class Runtime:
         self.engine.materialize(value.storage)
         return value.get()
 
+    def death_callback(self, cell: HandleCell):  # noqa: ANN201 -- a weakref callback
+        def on_death(_ref: object) -> None:
+            cell.death = None  # break the cell -> ref -> callback -> cell cycle
+            self.on_handle_death(cell)
+
+        return on_death
+
     def on_handle_death(self, cell: HandleCell) -> None:
         self.engine.drop_handle(cell.value.storage)
         if self.recorder is not None and cell.name is not None:

@@ -22,11 +22,12 @@ _CACHE_LIMIT = 200_000  # signatures; a pathological dynamic model must not grow
 class CallFacts:
     """What the runtime learned about one call signature: fresh output bytes and compute cost."""
 
-    __slots__ = ("cost", "fresh_bytes")
+    __slots__ = ("cost", "fresh_bytes", "workspace")
 
     def __init__(self, fresh_bytes: int | None) -> None:
         self.fresh_bytes = fresh_bytes  # None when the outputs' size depends on data (e.g. nonzero)
         self.cost = float("inf")
+        self.workspace: int | None = None  # temporary bytes while the op runs (workspace.py), set on first use
 
     def observe(self, seconds: float) -> float:
         """Record a timing; returns the cost to use: the fastest seen, since on a shared machine a slow

@@ -25,11 +25,12 @@ if TYPE_CHECKING:
 class HandleCell:
     """The value a handle points at, shared with its death callback (which must not hold the handle)."""
 
-    __slots__ = ("__weakref__", "name", "value")
+    __slots__ = ("__weakref__", "death", "name", "value")
 
     def __init__(self, value: TensorValue, name: str | None = None) -> None:
         self.value = value
         self.name = name  # the handle's name in a recorded operation log, if the runtime records one
+        self.death: weakref.ref | None = None  # the weak reference whose callback reports the handle's death
 
 
 class DTRTensor(torch.Tensor):
@@ -50,11 +51,14 @@ class DTRTensor(torch.Tensor):
             requires_grad=False,
         )
         recorder = runtime.recorder
-        handle._cell = HandleCell(value, recorder.new_name() if recorder is not None else None)
+        cell = HandleCell(value, recorder.new_name() if recorder is not None else None)
+        handle._cell = cell
         handle._runtime = runtime
         runtime.engine.add_handle(value.storage)
-        buffer(value.storage).cells.add(handle._cell)
-        weakref.finalize(handle, runtime.on_handle_death, handle._cell)
+        buffer(value.storage).cells.add(cell)
+        # The death notice: a weak reference kept alive by the cell it reports on (cheaper than
+        # weakref.finalize, whose global registry costs the hot path dearly once the heap is large).
+        cell.death = weakref.ref(handle, runtime.death_callback(cell))
         return handle
 
     @property

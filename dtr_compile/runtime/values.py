@@ -18,6 +18,32 @@ import torch
 from ..engine import Storage
 
 
+class WeakList:
+    """Weak references in a list: cheaper than a WeakSet on the per-op hot path (no callback, no hashing).
+
+    Dead references are pruned whenever the length reaches a power of two, so a long-lived storage (a
+    parameter viewed once per step) does not grow the list forever.
+    """
+
+    __slots__ = ("_refs",)
+
+    def __init__(self) -> None:
+        self._refs: list[weakref.ref] = []
+
+    def add(self, item: Any) -> None:
+        refs = self._refs
+        refs.append(weakref.ref(item))
+        n = len(refs)
+        if n >= 64 and n & (n - 1) == 0:
+            refs[:] = [r for r in refs if r() is not None]
+
+    def items(self) -> list[Any]:
+        return [x for r in self._refs if (x := r()) is not None]
+
+    def clear(self) -> None:
+        self._refs = []
+
+
 class Buffer:
     """Payload of an engine Storage: its untyped storage (None while evicted) and the values viewing it."""
 
@@ -25,14 +51,14 @@ class Buffer:
 
     def __init__(self, untyped: torch.UntypedStorage | None, device: torch.device) -> None:
         self.untyped = untyped
-        self.values: weakref.WeakSet[TensorValue] = weakref.WeakSet()  # every value viewing this version
-        self.cells: weakref.WeakSet[Any] = weakref.WeakSet()  # the live handles (tensor.HandleCell) on it
+        self.values = WeakList()  # every TensorValue viewing this version (their cached views pin the bytes)
+        self.cells = WeakList()  # the live handles (tensor.HandleCell) on this version
         self.device = device
 
     def drop(self) -> None:
         """Free the memory: forget the storage and every cached view into it."""
         self.untyped = None
-        for value in list(self.values):
+        for value in self.values.items():
             value.plain = None
 
 
