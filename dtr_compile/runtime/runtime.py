@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, Self
 
@@ -172,7 +173,9 @@ class Runtime:
         self.engine.materialize(value.storage)
         return value.get()
 
-    def death_callback(self, cell: HandleCell):  # noqa: ANN201 -- a weakref callback
+    def death_callback(self, cell: HandleCell) -> Callable[[object], None]:
+        """The weakref callback that reports the death of the handle holding `cell`."""
+
         def on_death(_ref: object) -> None:
             cell.death = None  # break the cell -> ref -> callback -> cell cycle
             self.on_handle_death(cell)
