@@ -18,6 +18,7 @@ from typing import Any
 
 from . import config
 from .errors import BudgetError, ConfigError, DTRError, LogFormatError, ThrashError
+from .explain import explain
 
 __version__ = "0.1.0"
 
@@ -30,6 +31,7 @@ __all__ = [
     "LogFormatError",
     "ThrashError",
     "config",
+    "explain",
     *_LAZY_SUBMODULES,
 ]
 

@@ -33,8 +33,10 @@ Budget = int | float | None
 memory_budget: Budget = None
 
 # Eviction heuristic of the online runtime (see dtr_compile.engine.heuristics for the formulas).
-# "dtr_eq" is h_DTR with union-find equivalence classes: as good as the full neighbourhood, much cheaper.
-heuristic: str = "dtr_eq"
+# "dtr_eq_dead" is h_DTR with union-find equivalence classes (as good as the full neighbourhood, much cheaper)
+# that first evicts storages no handle refers to any more; on the DTR authors' logs it matches or beats
+# h_DTR_eq at every budget ratio but one (benchmarks/sim.md). "dtr_eq" is the paper's heuristic.
+heuristic: str = "dtr_eq_dead"
 
 # How many eviction candidates to score per eviction: "sqrt" samples sqrt(n) of the n candidates
 # (the DTR prototype's trick, keeps search time low), "all" scores every candidate, an int samples that many.
@@ -57,6 +59,10 @@ random_seed: int = 0
 # Code generator of the compiled path: "inductor" (C++ on CPU, Triton on GPU) or "fx" (plain FX
 # execution of the planned graphs; no compile cost, useful for debugging and tests).
 codegen: Literal["inductor", "fx"] = "inductor"
+
+# How the compiled path costs graph nodes: "estimate" (a roofline from FLOPs and bytes moved) or "measure"
+# (time each node once on real tensors of its shapes; cached per op and shapes for the process).
+cost_mode: Literal["estimate", "measure"] = "estimate"
 
 # ------------------------------------------------------------------------------------------ validation
 
@@ -156,6 +162,12 @@ def _check_codegen(value: Any) -> str:
     raise ConfigError(f"codegen={value!r}; expected 'inductor' or 'fx'")
 
 
+def _check_cost_mode(value: Any) -> str:
+    if value in ("estimate", "measure"):
+        return value
+    raise ConfigError(f"cost_mode={value!r}; expected 'estimate' or 'measure'")
+
+
 _VALIDATORS = {
     "memory_budget": parse_budget,
     "heuristic": _check_heuristic,
@@ -165,6 +177,7 @@ _VALIDATORS = {
     "thrash_limit": _check_thrash,
     "random_seed": _check_nonneg_int("random_seed"),
     "codegen": _check_codegen,
+    "cost_mode": _check_cost_mode,
 }
 
 

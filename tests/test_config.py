@@ -9,6 +9,8 @@ import pytest
 import dtr_compile
 from dtr_compile import config
 from dtr_compile.engine import HEURISTICS
+
+DEFAULT_HEURISTIC = config.heuristic  # the shipped default, whatever it is
 from dtr_compile.errors import ConfigError, DTRError
 
 
@@ -224,7 +226,7 @@ def test_patch_as_a_context_manager_restores_old_values() -> None:
     config.memory_budget = "1GB"
     with config.patch(memory_budget=0.3, heuristic="lru"):
         assert config.memory_budget == 0.3 and config.heuristic == "lru"
-    assert config.memory_budget == 1_000_000_000 and config.heuristic == "dtr_eq"
+    assert config.memory_budget == 1_000_000_000 and config.heuristic == DEFAULT_HEURISTIC
 
 
 def test_patch_validates_and_normalizes_values() -> None:
@@ -260,7 +262,7 @@ def test_nested_patches_restore_in_order() -> None:
         with config.patch(memory_budget=0.25):
             assert config.memory_budget == 0.25 and config.heuristic == "lru"
         assert config.memory_budget == 0.5 and config.heuristic == "lru"
-    assert config.memory_budget is None and config.heuristic == "dtr_eq"
+    assert config.memory_budget is None and config.heuristic == DEFAULT_HEURISTIC
 
 
 def test_one_patch_object_can_be_reentered() -> None:
@@ -293,6 +295,7 @@ def test_snapshot_lists_every_flag() -> None:
         "thrash_limit",
         "random_seed",
         "codegen",
+        "cost_mode",
     }
 
 

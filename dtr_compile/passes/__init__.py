@@ -1,0 +1,33 @@
+"""FX passes of the compiled path, in the order they run on AOTAutograd's joint graph:
+
+1. `annotate_costs` (costs.py): `node.meta["dtr"]` = `NodeCost` on every node.
+2. `plan_schedule` (planner.py): offline DTR replay of the joint schedule under the budget.
+3. `emit_plan` (rewrite.py): the plan as a new joint graph, recomputes placed before first use.
+4. `schedule_peak` (peak.py): modelled peak of forward + backward + recomputes + gradients.
+5. `split_joint` (partition.py): forward and backward graphs for AOTAutograd.
+
+`DTRPartitioner` runs them all as AOTAutograd's `partition_fn`.
+"""
+
+from .costs import annotate_costs
+from .meta import DTR_META_KEY, NodeCost, cost_of
+from .partition import DTRPartitioner, PlanReport, plan_joint, split_joint
+from .peak import PeakModel, schedule_peak
+from .planner import Plan, plan_schedule
+from .rewrite import emit_plan
+
+__all__ = [
+    "DTR_META_KEY",
+    "DTRPartitioner",
+    "NodeCost",
+    "PeakModel",
+    "Plan",
+    "PlanReport",
+    "annotate_costs",
+    "cost_of",
+    "emit_plan",
+    "plan_joint",
+    "plan_schedule",
+    "schedule_peak",
+    "split_joint",
+]

@@ -1,0 +1,230 @@
+"""Cost annotation: one `NodeCost` record per node of the joint graph under `node.meta["dtr"]`.
+
+FLOPs come from PyTorch's formulas (`torch.utils.flop_counter`: matmul, conv, attention); every other op
+is memory-bound and costed by the bytes it reads and writes. The estimated time is a roofline,
+max(flops / peak flop rate, bytes / bandwidth) plus a fixed launch overhead. `mode="measure"` also
+times each node on real tensors of its shapes; the timings are cached per (op, shapes), so a second
+compile of the same shapes does not pay again.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from typing import Literal
+
+import torch
+from torch import fx
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.flop_counter import flop_registry
+
+from .meta import DTR_META_KEY, NodeCost, Phase
+from .storage import StorageMap, is_mutating, tensor_nbytes
+
+CostMode = Literal["estimate", "measure"]
+
+# Roofline constants of the estimate. Only ratios between nodes matter to the planner; these are
+# the order of magnitude of a few CPU cores (a GPU run would only rescale both sides).
+PEAK_FLOPS_PER_S = 5e10
+BYTES_PER_S = 1e10
+OVERHEAD_S = 2e-6
+
+# (op, shapes/dtypes/strides, non-tensor args) -> seconds; filled by mode="measure" and kept for the
+# whole process so that recompiling the same shapes does not time them again.
+_MEASURED: dict[tuple, float | None] = {}
+
+
+def _output_bytes_ws(node: fx.Node) -> int:
+    leaves, _ = tree_flatten(node.meta.get("val"))
+    return tensor_nbytes(leaves[0]) if leaves else 0
+
+
+def _twice_output_bytes_ws(node: fx.Node) -> int:
+    return 2 * _output_bytes_ws(node)
+
+
+# Temporaries an ATen kernel allocates and frees inside one call, read off the profiler on CPU: the
+# dropout kernels turn the boolean mask into a float copy before multiplying; mkldnn convolution
+# allocates its output layout once more and copies; its backward holds two input-sized buffers; batch
+# norm's backward allocates a second input-sized buffer next to its gradient.
+# Without them the model of the peak misses one or two activations wherever these ops sit at the peak.
+WORKSPACE = {
+    torch.ops.aten.native_dropout.default: _output_bytes_ws,
+    torch.ops.aten.native_dropout_backward.default: _output_bytes_ws,
+    torch.ops.aten.convolution.default: _output_bytes_ws,
+    torch.ops.aten.convolution_backward.default: _twice_output_bytes_ws,
+    torch.ops.aten.native_batch_norm_backward.default: _output_bytes_ws,
+}
+
+
+def annotate_costs(gm: fx.GraphModule, *, mode: CostMode = "estimate") -> fx.GraphModule:
+    """Write `node.meta["dtr"]` on every node of a joint graph (and nothing else); returns `gm`."""
+    if mode not in ("estimate", "measure"):
+        raise ValueError(f"cost mode {mode!r}; expected 'estimate' or 'measure'")
+    phases = classify_phases(gm.graph)
+    tangents = {n for n, p in phases.items() if p == "tangent"}
+    storages = StorageMap(gm.graph, counted_inputs=tangents)
+    for node in gm.graph.nodes:
+        node.meta[DTR_META_KEY] = _cost_of(node, phases[node], storages, mode)
+    return gm
+
+
+def classify_phases(graph: fx.Graph) -> dict[fx.Node, Phase]:
+    """primal/tangent inputs, forward and backward nodes, the output.
+
+    PyTorch's partitioner tag decides when present; otherwise a node that depends on a tangent is
+    backward and every other node forward.
+    """
+    phases: dict[fx.Node, Phase] = {}
+    for node in graph.nodes:
+        tag = node.meta.get("partitioner_tag")
+        if node.op == "placeholder":
+            phases[node] = "tangent" if node.name.startswith("tangents") else "primal"
+        elif node.op == "output":
+            phases[node] = "output"
+        elif tag == "is_backward":
+            phases[node] = "backward"
+        elif tag == "is_forward":
+            phases[node] = "forward"
+        elif any(phases[a] in ("tangent", "backward") for a in node.all_input_nodes):
+            phases[node] = "backward"
+        else:
+            phases[node] = "forward"
+    return phases
+
+
+def is_random(node: fx.Node) -> bool:
+    """An op that draws random numbers here. Attention kernels carry the random tag for their dropout;
+    with `dropout_p == 0` they are deterministic and need no RNG replay."""
+    target = node.target
+    if not (isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags):
+        return False
+    for index, argument in enumerate(target._schema.arguments):
+        if argument.name == "dropout_p":
+            value = node.args[index] if index < len(node.args) else node.kwargs.get("dropout_p", argument.default_value)
+            return not (isinstance(value, (int, float)) and value == 0)
+    return True
+
+
+def _why_not_recomputable(node: fx.Node, phase: Phase) -> str | None:
+    if phase == "primal":
+        return "graph input (parameter or user input): always resident, nothing to recompute"
+    if phase == "tangent":
+        return "incoming gradient"
+    if phase == "output":
+        return "graph output"
+    if phase == "backward":
+        return "backward value: depends on incoming gradients"
+    if node.op != "call_function":
+        return f"{node.op} node"
+    if is_mutating(node):
+        return "mutates an input"
+    if node.is_impure(impure_random=False):
+        return "has side effects"
+    val = node.meta.get("val")
+    leaves, _ = tree_flatten(val)
+    if not any(isinstance(leaf, torch.Tensor) for leaf in leaves):
+        return "produces no tensor (symbolic size or scalar)"
+    return None
+
+
+def _source_line(node: fx.Node) -> str | None:
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    lines = [line.strip() for line in trace.strip().splitlines() if line.strip().startswith("File ")]
+    if not lines:
+        return None
+    # 'File "x.py", line 12, in forward' -> 'x.py:12 in forward'
+    parts = lines[-1].split(", ")
+    if len(parts) >= 3:
+        return f"{parts[0][6:-1]}:{parts[1].removeprefix('line ')} {parts[2]}"
+    return lines[-1]
+
+
+def _flops(node: fx.Node) -> int:
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target.overloadpacket not in flop_registry:
+        return 0
+    args = tree_map(lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a, node.args)
+    kwargs = tree_map(lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a, node.kwargs)
+    try:
+        return int(flop_registry[target.overloadpacket](*args, **kwargs, out_val=node.meta.get("val")))
+    except Exception:  # noqa: BLE001 - a formula that rejects these arguments: cost the node by bytes instead
+        return 0
+
+
+def _bytes_moved(node: fx.Node) -> int:
+    read = sum(tensor_nbytes(a.meta.get("val")) for a in node.all_input_nodes)
+    written, _ = tree_flatten(node.meta.get("val"))
+    return read + sum(tensor_nbytes(v) for v in written)
+
+
+def _cost_of(node: fx.Node, phase: Phase, storages: StorageMap, mode: CostMode) -> NodeCost:
+    why_not = _why_not_recomputable(node, phase)
+    is_call = node.op == "call_function"
+    alias = is_call and (storages.is_alias(node) or node.target is operator.getitem)
+    flops = _flops(node) if is_call else 0
+    moved = 0 if alias or not is_call else _bytes_moved(node)
+    if alias:
+        estimated = 0.0  # views and getitem cost nothing: no kernel, no allocation
+    elif is_call:
+        estimated = max(flops / PEAK_FLOPS_PER_S, moved / BYTES_PER_S) + OVERHEAD_S
+    else:
+        estimated = 0.0
+    measured = _measure(node) if mode == "measure" and is_call and not alias else None
+    return NodeCost(
+        phase=phase,
+        out_bytes=storages.allocated_bytes(node),
+        workspace_bytes=WORKSPACE[node.target](node) if is_call and node.target in WORKSPACE else 0,
+        flops=flops,
+        bytes_moved=moved,
+        estimated_s=estimated,
+        measured_s=measured,
+        recomputable=why_not is None,
+        why_not=why_not,
+        needs_rng_replay=is_random(node),
+        source=_source_line(node),
+    )
+
+
+# ---------------------------------------------------------------------------------------- measured mode
+
+
+def _describe(value: object) -> object:
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape), value.dtype, tuple(value.stride()), str(value.device))
+    return repr(value)
+
+
+def _materialize(value: object) -> object:
+    """A real tensor like a fake one (zeros for integer/bool, so indices stay in range)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    shape = [int(s) for s in value.shape]
+    stride = [int(s) for s in value.stride()]
+    real = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
+    return real.normal_() if real.is_floating_point() else real.zero_()
+
+
+def _measure(node: fx.Node) -> float | None:
+    args = tree_map(lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a, node.args)
+    kwargs = tree_map(lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a, node.kwargs)
+    key = (str(node.target), tree_map(_describe, (args, kwargs)).__repr__())
+    if key in _MEASURED:
+        return _MEASURED[key]
+    result: float | None = None
+    try:
+        with torch._subclasses.fake_tensor.unset_fake_temporarily(), torch.no_grad():
+            real_args, real_kwargs = tree_map(_materialize, (args, kwargs))
+            node.target(*real_args, **real_kwargs)  # warm-up (first-call dispatch costs)
+            best = float("inf")
+            for _ in range(3):
+                start = time.perf_counter()
+                node.target(*real_args, **real_kwargs)
+                best = min(best, time.perf_counter() - start)
+            result = best
+    except Exception:  # noqa: BLE001 - ops that cannot run on synthetic data keep their estimate
+        result = None
+    _MEASURED[key] = result
+    return result

@@ -1,0 +1,107 @@
+"""The modelled peak of a partitioned joint graph: forward, backward, recomputes and gradients.
+
+The model is the memory of executing the graph node by node and freeing every storage right after its
+last use (what the FX fallback does, and what Inductor's buffer reuse does at least as well):
+- graph inputs are free (live before the step); tangents are allocated when the backward starts;
+- forward values saved for the backward live until their last backward use;
+- forward outputs live to the end of the step (the user holds them), and so do gradients;
+- while an op runs, its inputs and its outputs are live together.
+It is the number `explain` prints and the number the planner holds to the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import fx
+
+from .meta import DTR_META_KEY
+from .storage import StorageKey, StorageMap
+
+
+@dataclass(frozen=True)
+class MemoryPoint:
+    node: fx.Node
+    phase: str  # "forward" | "backward"
+    bytes_live: int  # bytes allocated above the start of the step while this node runs
+
+
+@dataclass(frozen=True)
+class PeakModel:
+    peak_bytes: int
+    peak_node: fx.Node | None
+    timeline: tuple[MemoryPoint, ...]
+    saved_bytes: int  # bytes the forward leaves alive for the backward (saved values and outputs)
+
+
+def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int) -> PeakModel:
+    """Peak of a joint graph whose nodes carry `partitioner_tag` is_forward / is_backward."""
+    nodes = list(gm.graph.nodes)
+    tangents = {n for n in nodes if n.op == "placeholder" and n.name.startswith("tangents")}
+    storages = StorageMap(gm.graph, counted_inputs=tangents)
+    output = next(n for n in reversed(nodes) if n.op == "output")
+    outs = [o for o in output.args[0] if isinstance(o, fx.Node)]
+    fwd_outs = [o for o in list(output.args[0])[:num_fwd_outputs] if isinstance(o, fx.Node)]
+
+    ops = [n for n in nodes if n.op == "call_function"]
+    backward = {n for n in ops if n.meta.get("partitioner_tag") == "is_backward"}
+    forward_ops = [n for n in ops if n not in backward]
+    backward_ops = [n for n in ops if n in backward]
+
+    def counted(key: StorageKey) -> int:
+        info = storages.info[key]
+        return info.nbytes if info.counted else 0
+
+    # Last use of every storage, per phase; None = lives to the end of the step.
+    forever = {k for o in outs for k in storages.keys[o]}
+    last_fwd: dict[StorageKey, int] = {}
+    last_bwd: dict[StorageKey, int] = {}
+    for i, node in enumerate(forward_ops):
+        for arg in node.all_input_nodes:
+            for key in storages.keys[arg]:
+                last_fwd[key] = i
+    for i, node in enumerate(backward_ops):
+        for arg in node.all_input_nodes:
+            for key in storages.keys[arg]:
+                last_bwd[key] = i
+    saved = {k for k in last_bwd if k[0] not in backward}  # forward storages the backward reads
+    del fwd_outs
+
+    timeline: list[MemoryPoint] = []
+    live: set[StorageKey] = set()
+    memory = 0
+    peak, peak_node = 0, None
+
+    def run(sequence: list[fx.Node], last: dict[StorageKey, int], phase: str, keep: set[StorageKey]) -> None:
+        nonlocal memory, peak, peak_node
+        for i, node in enumerate(sequence):
+            for key in storages.keys[node]:
+                if key[0] is node and key not in live:
+                    live.add(key)
+                    memory += counted(key)
+            # A kernel's own temporaries (dropout's float mask) are live only while it runs.
+            cost = node.meta.get(DTR_META_KEY)
+            allocates = any(key[0] is node for key in storages.keys[node])
+            running = memory + (cost.workspace_bytes if cost is not None and allocates else 0)
+            timeline.append(MemoryPoint(node, phase, running))
+            if running > peak:
+                peak, peak_node = running, node
+            for arg in (*node.all_input_nodes, node):
+                for key in storages.keys[arg]:
+                    if key in live and key not in forever and key not in keep and last.get(key, -1) <= i:
+                        live.discard(key)
+                        memory -= counted(key)
+
+    run(forward_ops, last_fwd, "forward", saved)
+    saved_bytes = memory
+    for tangent in tangents:
+        for key in storages.keys[tangent]:
+            live.add(key)
+            memory += counted(key)
+    # Saved values the backward never reads are dropped when the forward returns.
+    for key in list(live):
+        if key not in forever and key not in last_bwd and key[0] not in tangents:
+            live.discard(key)
+            memory -= counted(key)
+    run(backward_ops, last_bwd, "backward", set())
+    return PeakModel(peak, peak_node, tuple(timeline), saved_bytes)

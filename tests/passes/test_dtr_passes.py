@@ -1,0 +1,107 @@
+"""Cost pass, planner, rewrite and peak model on joint graphs captured from small models."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from dtr_compile.backend import make_backend
+from dtr_compile.errors import BudgetError
+from dtr_compile.passes import DTR_META_KEY, NodeCost, plan_joint, plan_schedule
+from dtr_compile.passes.rewrite import RECOMPUTE_META_KEY
+
+
+def _joint(model: nn.Module, *inputs: torch.Tensor):
+    """The joint graph AOTAutograd hands the partitioner (captured through the FX backend)."""
+    torch._dynamo.reset()
+    backend = make_backend(None, codegen="fx")
+    torch.compile(model, backend=backend)(*inputs)
+    report = backend.reports[-1]
+    return report.joint, report.num_fwd_outputs
+
+
+def _mlp(depth: int = 4, width: int = 64, dropout: float = 0.0) -> nn.Module:
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Dropout(dropout)) for _ in range(depth)]
+    return nn.Sequential(*layers, nn.Linear(width, 1))
+
+
+def test_every_node_has_one_frozen_cost_record() -> None:
+    joint, _ = _joint(_mlp(dropout=0.1), torch.randn(32, 64))
+    for node in joint.graph.nodes:
+        cost = node.meta[DTR_META_KEY]
+        assert isinstance(cost, NodeCost)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            cost.out_bytes = 0  # frozen
+    by_target = {}
+    for node in joint.graph.nodes:
+        by_target.setdefault(str(node.target), []).append(node.meta[DTR_META_KEY])
+    addmm = by_target["aten.addmm.default"][0]
+    assert addmm.flops == 2 * 32 * 64 * 64 and addmm.out_bytes == 32 * 64 * 4 and addmm.recomputable
+    assert all(c.out_bytes == 0 for c in by_target["aten.t.default"])  # views allocate nothing
+    dropout = by_target["aten.native_dropout.default"][0]
+    assert dropout.recomputable and dropout.needs_rng_replay
+    backward = [c for costs in by_target.values() for c in costs if c.phase == "backward"]
+    assert backward and all(not c.recomputable and "backward" in c.why_not for c in backward)
+
+
+def test_no_budget_plan_is_the_original_schedule() -> None:
+    joint, n_out = _joint(_mlp(), torch.randn(32, 64))
+    plan = plan_schedule(joint, None, num_fwd_outputs=n_out)
+    assert not any(e.is_recompute for e in plan.trace) and plan.fits
+    assert [e.node for e in plan.trace] == [n for n in joint.graph.nodes if n.op == "call_function"]
+
+
+def test_recomputes_run_in_the_backward_right_before_first_use() -> None:
+    joint, n_out = _joint(_mlp(depth=6), torch.randn(64, 64))
+    report = plan_joint(joint, 0.7, num_fwd_outputs=n_out)
+    assert report.planned_peak.peak_bytes <= report.budget_bytes < report.no_remat.peak_bytes
+    nodes = list(report.planned.graph.nodes)
+    position = {n: i for i, n in enumerate(nodes)}
+    recomputes = [n for n in nodes if RECOMPUTE_META_KEY in n.meta]
+    assert recomputes
+    for node in recomputes:
+        assert node.meta["partitioner_tag"] == "is_backward"
+        first_use = min(position[u] for u in node.users)
+        # Only other recomputes (the rest of its chain) may sit between a recompute and its first use.
+        between = nodes[position[node] + 1 : first_use]
+        assert all(RECOMPUTE_META_KEY in n.meta or n.op == "call_function" and not n.users for n in between) or (
+            first_use - position[node] <= 8
+        )
+
+
+def test_planned_peak_decreases_with_budget_and_stays_within_it() -> None:
+    joint, n_out = _joint(_mlp(depth=8), torch.randn(64, 64))
+    peaks = []
+    for fraction in (1.0, 0.8, 0.6):
+        report = plan_joint(joint, fraction, num_fwd_outputs=n_out)
+        assert report.planned_peak.peak_bytes <= report.budget_bytes
+        peaks.append(report.planned_peak.peak_bytes)
+    assert peaks == sorted(peaks, reverse=True)
+
+
+def test_infeasible_budget_raises_with_smallest_feasible() -> None:
+    joint, n_out = _joint(_mlp(), torch.randn(32, 64))
+    with pytest.raises(BudgetError) as info:
+        plan_joint(joint, 1000, num_fwd_outputs=n_out)
+    smallest = info.value.smallest_feasible_bytes
+    assert smallest > 1000 and str(smallest) in str(info.value)
+    report = plan_joint(joint, smallest, num_fwd_outputs=n_out)
+    assert report.planned_peak.peak_bytes <= smallest
+
+
+def test_planning_2000_node_graph_within_two_seconds() -> None:
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 32), nn.GELU()) for _ in range(90)]
+    joint, n_out = _joint(nn.Sequential(*blocks), torch.randn(16, 32))
+    assert len(joint.graph.nodes) >= 2000
+    # CPU time of this process: wall-clock time on a shared 2-core machine measures the neighbours.
+    start = time.process_time()
+    report = plan_joint(joint, 0.8, num_fwd_outputs=n_out)
+    elapsed = time.process_time() - start
+    assert report.planned_peak.peak_bytes <= report.budget_bytes
+    assert elapsed <= 2.0, elapsed
