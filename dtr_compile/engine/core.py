@@ -100,9 +100,13 @@ class Engine:
         thrash_reference_cost: float | None = None,
         seed: int = 0,
         executor: Executor | None = None,
+        keep_dead_intermediates: bool = False,
     ) -> None:
         """`thrash_reference_cost`: when the total original compute is known in advance (log replay), the
-        thrash guard compares recompute against it instead of against the compute seen so far."""
+        thrash guard compares recompute against it instead of against the compute seen so far.
+        `keep_dead_intermediates`: storages without handles that a recompute chain brought back stay resident
+        (evictable, first to go under dtr_eq_dead) instead of being freed once used, so the next recompute
+        nearby can reuse them (the DTR simulator's behaviour; the log replay turns it on)."""
         self.budget_bytes = budget_bytes
         self.heuristic: Heuristic = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
         self.candidate_sampling = candidate_sampling
@@ -111,6 +115,7 @@ class Engine:
         self.thrash_limit = thrash_limit
         self.thrash_reference_cost = thrash_reference_cost
         self.executor: Executor = executor if executor is not None else NullExecutor()
+        self.keep_dead_intermediates = keep_dead_intermediates
         self.rng = random.Random(seed)
         self.pool = CandidatePool()
         self.clock = 0.0
@@ -223,6 +228,13 @@ class Engine:
         storage.pinned = True
         self.pool.discard(storage)
 
+    def free_dead(self) -> None:
+        """Free every resident storage that no handle holds (intermediates kept after a recompute chain).
+
+        The torch runtime calls this when a step ends, so that memory is returned between steps."""
+        for storage in [s for s in self.pool if s.handles <= 0 and not s.locks]:
+            self._evict(storage, eager=True)
+
     def release(self, storage: Storage) -> None:
         """The caller took this storage's bytes out of the engine's hands (e.g. a gradient handed to the
         user at the end of a step): stop counting them. The record stays, evicted, for recomputes."""
@@ -317,7 +329,14 @@ class Engine:
             if not candidates:
                 return None
             clock, rng, score = self.clock, self.rng, self.heuristic
-            return min(candidates, key=lambda s: score(s, clock, rng))
+            best, best_score = candidates[0], math.inf
+            for storage in candidates:
+                value = score(storage, clock, rng)
+                if value < best_score:
+                    best, best_score = storage, value
+                    if value <= 0.0:  # no heuristic scores below 0: nothing can beat a free eviction
+                        break
+            return best
         finally:
             self.search_seconds += time.perf_counter() - start
 
@@ -389,7 +408,10 @@ class Engine:
                 self._rerun(op)
             finally:
                 for position in frame.locked:
-                    self._unlock(op.inputs[position])
+                    if self.keep_dead_intermediates:  # stays resident until the heuristic evicts it
+                        op.inputs[position].locks -= 1
+                    else:
+                        self._unlock(op.inputs[position])
 
     def _rerun(self, op: Operation) -> None:
         missing = [out for out in op.outputs if not out.resident]

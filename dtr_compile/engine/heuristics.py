@@ -58,26 +58,35 @@ def staleness(storage: Storage, clock: float) -> float:
     return max(clock - storage.last_access, _MIN_STALENESS)
 
 
-def evicted_neighbours(storage: Storage) -> Iterator[Storage]:
-    """Evicted parents (inputs of the producer) and evicted children (outputs of the consumers)."""
+def evicted_parents(storage: Storage) -> Iterator[Storage]:
+    """Evicted inputs of the storage's producer: what its recompute would have to recompute first."""
     if storage.producer is not None:
         for parent in storage.producer.inputs:
             if not parent.resident:
                 yield parent
+
+
+def evicted_children(storage: Storage) -> Iterator[Storage]:
+    """Evicted outputs of the storage's consumers: what its eviction makes costlier to bring back."""
     for op in storage.consumers:
         for child in op.outputs:
             if not child.resident:
                 yield child
 
 
-def evicted_neighbourhood_cost(storage: Storage) -> float:
-    """c(e*): total cost of the evicted storages reachable from `storage` through evicted-only paths."""
+def evicted_neighbours(storage: Storage) -> Iterator[Storage]:
+    """Evicted parents (inputs of the producer) and evicted children (outputs of the consumers)."""
+    yield from evicted_parents(storage)
+    yield from evicted_children(storage)
+
+
+def _evicted_closure_cost(storage: Storage, step: Callable[[Storage], Iterator[Storage]]) -> float:
     seen: set[int] = {storage.sid}
     frontier = [storage]
     total = 0.0
     while frontier:
         node = frontier.pop()
-        for neighbour in evicted_neighbours(node):
+        for neighbour in step(node):
             if neighbour.sid not in seen:
                 seen.add(neighbour.sid)
                 total += neighbour.cost
@@ -85,19 +94,46 @@ def evicted_neighbourhood_cost(storage: Storage) -> float:
     return total
 
 
+def evicted_neighbourhood_cost(storage: Storage) -> float:
+    """c(e*): total cost of the evicted storages reachable from `storage` through evicted-only paths."""
+    return _evicted_closure_cost(storage, evicted_neighbours)
+
+
+def evicted_regions_cost(storage: Storage) -> float:
+    """c(e*) as the DTR simulator's h_DTR computes it: the evicted ancestors reachable through evicted parents
+    only, plus the evicted descendants reachable through evicted children only (a path never turns around,
+    so it does not wander through every dead storage of the step)."""
+    return _evicted_closure_cost(storage, evicted_parents) + _evicted_closure_cost(storage, evicted_children)
+
+
 def eq_class_neighbourhood_cost(storage: Storage) -> float:
-    """c(e*) approximated by the union-find classes of the evicted neighbours (each class counted once)."""
-    roots: dict[int, EqClass] = {}
-    for neighbour in evicted_neighbours(storage):
-        if neighbour.eq is not None:
-            root = neighbour.eq.root()
-            roots[id(root)] = root
-    return sum(root.cost for root in roots.values())
+    """c(e*) approximated by the union-find classes of the evicted neighbours (each class counted once).
+
+    The hottest function of an eviction search (every candidate, every eviction): loops are inlined.
+    """
+    roots: list[EqClass] = []  # a handful at most: a list beats a dict here
+    total = 0.0
+    producer = storage.producer
+    if producer is not None:
+        for parent in producer.inputs:
+            if not parent.resident and parent.eq is not None:
+                root = parent.eq.root()
+                if root not in roots:
+                    roots.append(root)
+                    total += root.cost
+    for op in storage.consumers:
+        for child in op.outputs:
+            if not child.resident and child.eq is not None:
+                root = child.eq.root()
+                if root not in roots:
+                    roots.append(root)
+                    total += root.cost
+    return total
 
 
 def h_dtr(storage: Storage, clock: float, rng: random.Random) -> float:
-    """(c(S) + c(e*)) / (m * s) with the exact evicted neighbourhood."""
-    cost = storage.cost + evicted_neighbourhood_cost(storage)
+    """(c(S) + c(e*)) / (m * s) with the exact evicted regions (a graph walk per candidate: slow)."""
+    cost = storage.cost + evicted_regions_cost(storage)
     return cost / (storage.nbytes * staleness(storage, clock))
 
 
@@ -105,6 +141,39 @@ def h_dtr_eq(storage: Storage, clock: float, rng: random.Random) -> float:
     """(c(S) + c(e*)) / (m * s) with e* from union-find equivalence classes."""
     cost = storage.cost + eq_class_neighbourhood_cost(storage)
     return cost / (storage.nbytes * staleness(storage, clock))
+
+
+def h_dtr_eq_dead(storage: Storage, clock: float, rng: random.Random) -> float:
+    """h_dtr_eq, but a storage no handle refers to any more scores 0: it is kept only in case a recompute
+    needs it, so it is the first to go when room is needed, before any storage the program still holds.
+
+    Such storages are the intermediates a recompute brought back on its way to a live tensor (the engine
+    leaves them resident) and by-products of multi-output ops. Keeping them until memory is short lets
+    the next recompute along the same chain reuse them; h_dtr_eq instead weighs them like live tensors
+    and evicts live tensors to keep dead ones.
+    """
+    if storage.handles <= 0:
+        return 0.0
+    return h_dtr_eq(storage, clock, rng)
+
+
+def h_future(storage: Storage, clock: float, rng: random.Random) -> float:
+    """(c(S) + c(e*)) / (m * d): h_dtr_eq_dead with staleness replaced by d, the time until the next read.
+
+    Reads `NextUses` in `storage.meta` (the log replay and the planner provide it): what a compile-time
+    planner knows, a target for online policies. Dead storages and storages never read again score 0
+    (Belady: evict what is needed furthest in the future). Without NextUses it is h_dtr_eq_dead.
+    """
+    uses = storage.meta
+    if not isinstance(uses, NextUses):  # no future knowledge (online): the best online guess
+        return h_dtr_eq_dead(storage, clock, rng)
+    if storage.handles <= 0:
+        return 0.0
+    distance = uses.distance()
+    if distance == math.inf:
+        return 0.0
+    cost = storage.cost + eq_class_neighbourhood_cost(storage)
+    return cost / (storage.nbytes * max(distance, _MIN_STALENESS))
 
 
 def h_dtr_local(storage: Storage, clock: float, rng: random.Random) -> float:
@@ -147,6 +216,8 @@ def h_random(storage: Storage, clock: float, rng: random.Random) -> float:
 HEURISTICS: dict[str, Heuristic] = {
     "dtr": h_dtr,
     "dtr_eq": h_dtr_eq,
+    "dtr_eq_dead": h_dtr_eq_dead,
+    "future": h_future,
     "dtr_local": h_dtr_local,
     "msps": h_msps,
     "lru": h_lru,

@@ -49,6 +49,7 @@ class ReplayResult:
     compute: float
     remat_compute: float
     baseline_peak_bytes: int
+    baseline_compute: float
     lower_bound_bytes: int
     seconds: float  # wall time of this replay
     message: str = ""
@@ -69,7 +70,7 @@ class ReplayOptions:
 
 
 # Heuristics that read future knowledge (NextUses in storage.meta); the replay annotates storages for them.
-FUTURE_AWARE = frozenset({"future", "future_eq"})
+FUTURE_AWARE = frozenset({"future"})
 
 
 def drive(trace: Trace, engine: Engine, plan: FuturePlan | None = None) -> None:
@@ -163,6 +164,7 @@ def replay(
         thrash_limit=options.thrash_limit,
         thrash_reference_cost=base.compute,
         seed=options.seed,
+        keep_dead_intermediates=True,  # as the reference simulator: recomputed intermediates stay until evicted
     )
     plan = FuturePlan(build_schedule(trace)) if options.heuristic in FUTURE_AWARE else None
     status, message = "ok", ""
@@ -189,6 +191,7 @@ def replay(
         compute=stats.compute_cost,
         remat_compute=stats.remat_cost,
         baseline_peak_bytes=base.peak_bytes,
+        baseline_compute=base.compute,
         lower_bound_bytes=base.lower_bound_bytes,
         seconds=seconds,
         message=message,

@@ -1,0 +1,121 @@
+"""`python -m dtr_compile.sim LOG [LOG ...] --ratios 0.2,0.3 --heuristic NAME [--json]`.
+
+Replays each log once with no budget (the baseline: peak memory and compute), then at each ratio of
+that peak, with each heuristic given, and prints one table per log or, with --json, one JSON object per
+(log, ratio, heuristic) line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+
+from .. import config
+from ..engine.heuristics import HEURISTICS
+from ..errors import DTRError
+from .logformat import parse_log
+from .reference import load_reference
+from .replay import ReplayOptions, ReplayResult, baseline, replay
+from .report import json_lines, tables
+
+DEFAULT_RATIOS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dtr_compile.sim",
+        description="Replay operation logs (.log or .log.gz) through the eviction engine under memory budgets.",
+    )
+    parser.add_argument("logs", nargs="+", metavar="LOG", help="operation log files (.log or .log.gz)")
+    parser.add_argument(
+        "--ratios", default=DEFAULT_RATIOS, help=f"budgets as fractions of the no-budget peak (default {DEFAULT_RATIOS})"
+    )
+    parser.add_argument(
+        "--heuristic",
+        default=config.heuristic,
+        help=f"comma-separated heuristics, from {', '.join(sorted(HEURISTICS))} (default {config.heuristic})",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
+    parser.add_argument("--markdown", action="store_true", help="Markdown tables (for BENCHMARKS.md)")
+    parser.add_argument(
+        "--reference",
+        metavar="MD",
+        help="reference-simrd.md of the DTR authors' simulator, printed beside ours (needs manifest.json beside it)",
+    )
+    parser.add_argument(
+        "--sampling", default="all", help="candidates scored per eviction: all (default, as the reference), sqrt, or N"
+    )
+    parser.add_argument(
+        "--min-evictable-fraction",
+        type=float,
+        default=0.0,
+        help="never evict storages below this fraction of the mean resident size (default 0, as the reference)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of candidate sampling and the random heuristic")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel processes")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        ratios = _ratios(args.ratios)
+        heuristics = _heuristics(args.heuristic)
+        sampling = args.sampling if args.sampling in ("all", "sqrt") else _positive_int(args.sampling, "--sampling")
+        reference = load_reference(args.reference) if args.reference else None
+        jobs = [
+            (log, ratios, ReplayOptions(h, sampling, args.min_evictable_fraction, seed=args.seed))
+            for log in args.logs
+            for h in heuristics
+        ]
+        results = _run(jobs, args.jobs)
+    except (DTRError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json_lines(results))
+    else:
+        print(tables(results, reference=reference, markdown=args.markdown))
+    return 0
+
+
+def run_job(job: tuple[str, list[float], ReplayOptions]) -> list[ReplayResult]:
+    """Parse one log, take its baseline, and replay it at every ratio with one heuristic."""
+    path, ratios, options = job
+    trace = parse_log(path)
+    base = baseline(trace)
+    return [replay(trace, ratio, options, base) for ratio in ratios]
+
+
+def _run(jobs: list, processes: int) -> list[ReplayResult]:
+    if processes <= 1 or len(jobs) <= 1:
+        return [r for job in jobs for r in run_job(job)]
+    with ProcessPoolExecutor(min(processes, len(jobs))) as pool:
+        return [r for rows in pool.map(run_job, jobs) for r in rows]
+
+
+def _ratios(text: str) -> list[float]:
+    try:
+        ratios = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise config.ConfigError(f"--ratios {text!r}: expected comma-separated numbers such as 0.2,0.5,1.0") from None
+    if not ratios or any(not 0 < r <= 1 for r in ratios):
+        raise config.ConfigError(f"--ratios {text!r}: every ratio must be in (0, 1]")
+    return ratios
+
+
+def _heuristics(text: str) -> list[str]:
+    names = [h.strip() for h in text.split(",") if h.strip()]
+    for name in names:
+        if name not in HEURISTICS:
+            raise config.ConfigError(f"--heuristic {name!r} is unknown; expected one of {', '.join(sorted(HEURISTICS))}")
+    return names
+
+
+def _positive_int(text: str, flag: str) -> int:
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise config.ConfigError(f"{flag} {text!r}: expected 'all', 'sqrt' or a positive integer")

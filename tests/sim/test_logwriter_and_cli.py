@@ -1,0 +1,93 @@
+"""The writer the runtime records with, round-tripped through the parser and the replay; the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from dtr_compile.sim.cli import main
+from dtr_compile.sim.logformat import Call, Constant, Mutate, Release, parse_log
+from dtr_compile.sim.logwriter import LogWriter
+from dtr_compile.sim.replay import ReplayOptions, baseline, replay
+
+LOGS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "dtr-logs")
+RESNET = os.path.join(LOGS, "resnet32-56-9000000000.0-2020-10-1-13-3-30-default.log.gz")
+
+
+def record(path) -> None:
+    with LogWriter(path) as log:
+        log.constant("w", 10)
+        log.call("fa", ["w"], ["a"], [100], [-1], 100)
+        log.call("fb", ["w"], ["b"], [100], [-1], 1)
+        log.call("view", ["b"], ["bv"], [100], [0], 0)
+        log.call("fc", ["w"], ["c"], [100], [-1], 100)
+        log.call("fd", ["w"], ["d"], [100], [-1], 100)
+        log.release("d")
+        log.mutate("relu_", ["c"], [0], 5)
+        log.annotate_backward()
+        log.call("fe", ["bv"], ["e"], [100], [-1], 10)
+        for name in ("a", "b", "bv", "c", "w"):
+            log.release(name)
+
+
+@pytest.mark.parametrize("suffix", [".log", ".log.gz"])
+def test_writer_parser_replay_round_trip(tmp_path, suffix):
+    path = tmp_path / f"step{suffix}"
+    record(path)
+    trace = parse_log(path)
+    assert trace.instructions[0] == Constant(2, "w", 10)
+    assert trace.instructions[3] == Call(10, "view", ("b",), ("bv",), (100,), (0,), 0)
+    assert Mutate(20, "relu_", ("c",), (0,), 5) in trace.instructions
+    assert trace.instructions[-1] == Release(29, "w")
+    base = baseline(trace)
+    assert (base.peak_bytes, base.compute) == (410, 316)  # w a b c d; later w a b c c' during relu_
+    result = replay(trace, 320 / 410, ReplayOptions("dtr_eq"), base)
+    # Before fd: b (cost 1) goes; fe brings b back and, for e, evicts a (stalest) rather than c' (fresh).
+    assert (result.status, result.evictions, result.remats) == ("ok", 2, 1)
+    assert result.overhead == pytest.approx(317 / 316)
+
+
+def test_writer_rejects_mismatched_results():
+    with pytest.raises(ValueError, match="one size and one alias per result"):
+        LogWriter(os.devnull).call("f", [], ["a", "b"], [1], [-1], 1)
+
+
+def test_cli_json_lines(tmp_path, capsys):
+    path = tmp_path / "step.log"
+    record(path)
+    assert main([str(path), "--ratios", "0.9,0.1", "--heuristic", "dtr_eq,dtr_eq_dead", "--json", "--jobs", "1"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["heuristic"], r["ratio"], r["status"]) for r in rows] == [
+        ("dtr_eq", 0.9, "ok"),
+        ("dtr_eq", 0.1, "oom"),
+        ("dtr_eq_dead", 0.9, "ok"),
+        ("dtr_eq_dead", 0.1, "oom"),
+    ]
+    keys = {"log", "ratio", "heuristic", "status", "overhead", "budget_bytes", "peak_bytes", "evictions", "remats"}
+    assert keys <= set(rows[0])
+    assert rows[0]["budget_bytes"] == int(410 * 0.9) and rows[0]["peak_bytes"] <= rows[0]["budget_bytes"]
+
+
+def test_cli_table_and_errors(tmp_path, capsys):
+    path = tmp_path / "step.log"
+    record(path)
+    assert main([str(path), "--ratios", "0.1,1.0", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "lower bound 210 B = 0.512 x peak" in out and "infeasible" in out
+    broken = tmp_path / "broken.log"
+    broken.write_text(path.read_text().replace('"ALIAS":"0"', '"ALIAS":"7"'))
+    assert main([str(broken), "--jobs", "1"]) == 2
+    assert "broken.log, line 12: ALIAS 7 of 'bv' is out of range" in capsys.readouterr().err
+    assert main([str(path), "--heuristic", "nope"]) == 2
+    assert "--heuristic 'nope' is unknown" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.exists(RESNET), reason="the shared DTR logs are not checked out beside the repo")
+def test_resnet_log_reproduces_the_reference_at_half_budget():
+    # reference-simrd.md: DTREqClass reaches 1.107 on ResNet-32 at ratio 0.5.
+    trace = parse_log(RESNET)
+    result = replay(trace, 0.5, ReplayOptions("dtr_eq"))
+    assert result.status == "ok" and round(result.overhead, 3) == 1.107
+    assert result.peak_bytes <= result.budget_bytes
