@@ -1,0 +1,15 @@
+"""The side-by-side benchmark: compiled DTR, eager DTR and the peers, on measured memory and step time.
+
+    python -m dtr_compile.bench --quick
+
+Layout: `models.py` (benchmark models, reused by examples and tests), `methods.py` (what is compared),
+`grid.py` (what runs), `child.py` (one run in a fresh process), `runner.py` (the processes, progress), `report.py`
+(CSV, markdown, BENCHMARKS section), `plot.py` (Pareto plot), `cli.py` (the command line).
+"""
+
+from .grid import Grid
+from .methods import METHODS, Method, get_method
+from .models import MODELS, SIZES, BenchCase, build_model
+from .runner import run_grid
+
+__all__ = ["METHODS", "MODELS", "SIZES", "BenchCase", "Grid", "Method", "build_model", "get_method", "run_grid"]

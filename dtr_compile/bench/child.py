@@ -1,0 +1,214 @@
+"""One benchmark run in its own process: `python -m dtr_compile.bench.child '<RunSpec JSON>'`.
+
+Builds the model, prepares the method, runs the warm-up steps (the first includes any compile), times the
+measured steps, then runs one more step under `measure_peak` (the profiler slows a step down, so that step
+is not timed) and compares its loss and gradients with the baseline's. Prints one JSON line.
+
+Every training step starts with the gradients set to None, so the gradients are allocated inside the step
+and count towards its peak, as DESIGN.md's budget semantics say. There is no optimizer step: the weights
+stay those of the baseline, so every run's gradients are comparable with the baseline's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from ..errors import BudgetError, ThrashError
+from ..measure import measure_peak
+from .methods import Budget, NotBuilt, get_method
+from .models import build_model
+from .spec import RESULT_KEY, RunSpec
+
+# Tolerances of the correctness column. Compiled code reorders floating-point reductions, so "equal" means
+# equal to fp32 rounding accumulated over the model, not bitwise.
+LOSS_RTOL = 1e-4
+GRAD_RTOL = 1e-3  # max |g - g_ref| / (max |g_ref| + floor), per parameter, worst parameter
+# Some gradients are zero in exact arithmetic and rounding noise in practice (the key bias of attention:
+# softmax ignores a constant shift), so a parameter's scale is floored at this fraction of the largest gradient.
+GRAD_SCALE_FLOOR = 1e-6
+
+
+def run(spec: RunSpec) -> dict[str, Any]:
+    """Run one spec and return its result fields (status and whatever could be measured)."""
+    torch.set_num_threads(spec.threads)
+    if spec.device.startswith("cuda"):
+        # TF32 convolutions would make CUDA gradients differ from the fp32 reference by ~1e-3.
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+    result: dict[str, Any] = {"device_name": device_name(spec.device), "torch_version": torch.__version__}
+    try:
+        result.update(_measure(spec))
+        result["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a row, never a crash of the bench
+        status, reason = classify(exc)
+        result.update(status=status, reason=reason)
+        if status == "error":
+            result["traceback"] = traceback.format_exc()[-4000:]
+    return result
+
+
+def _measure(spec: RunSpec) -> dict[str, Any]:
+    case = build_model(spec.model, spec.size, seed=spec.seed)
+    model = case.model.to(spec.device)
+    batch = case.make_batch(spec.device)
+    step = get_method(spec.method).prepare(case, Budget(spec.budget, spec.budget_bytes), batch)
+    sync = torch.cuda.synchronize if spec.device.startswith("cuda") else (lambda: None)
+
+    def timed_step() -> tuple[float, float]:
+        """(wall seconds, CPU seconds of this process) of one step."""
+        model.zero_grad(set_to_none=True)
+        sync()
+        wall, cpu = time.perf_counter(), time.process_time()
+        step()
+        sync()
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    warmup_times = [timed_step()[0] for _ in range(spec.warmup)]
+    wall_times, cpu_times = zip(*(timed_step() for _ in range(spec.steps)))
+    model.zero_grad(set_to_none=True)
+    loss, peak = measure_peak(step, spec.device)
+    grads = {name: p.grad for name, p in model.named_parameters()}
+
+    out: dict[str, Any] = {
+        "description": case.description,
+        "peak_bytes": peak.peak_bytes,
+        "step_s": statistics.median(wall_times),
+        "step_cpu_s": statistics.median(cpu_times),
+        "step_times_s": list(wall_times),
+        "first_step_s": warmup_times[0] if warmup_times else None,
+        "loss": loss,
+    }
+    stats = getattr(step, "runtime_state", {}).get("stats")
+    if stats is not None:
+        out["runtime_stats"] = _jsonable(stats)
+    if spec.write_reference:
+        _save_reference(spec.reference, loss, grads)
+        out.update(loss_err=0.0, grad_err=0.0, correct=True)
+    else:
+        out.update(_compare(spec.reference, loss, grads))
+    return out
+
+
+def _save_reference(path: str, loss: float, grads: dict[str, torch.Tensor | None]) -> None:
+    plain = {name: None if g is None else g.detach().cpu().clone() for name, g in grads.items()}
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save({"loss": loss, "grads": plain}, tmp)
+    os.replace(tmp, path)  # a reader never sees half a file
+
+
+def _compare(path: str, loss: float, grads: dict[str, torch.Tensor | None]) -> dict[str, Any]:
+    ref = torch.load(path)
+    loss_err = abs(loss - ref["loss"]) / max(abs(ref["loss"]), 1e-12)
+    grad_err, worst = 0.0, ""
+    problems = []
+    largest = max((g.abs().max().item() for g in ref["grads"].values() if g is not None and g.numel()), default=0.0)
+    floor = max(GRAD_SCALE_FLOOR * largest, 1e-30)
+    for name, ref_grad in ref["grads"].items():
+        grad = grads.get(name)
+        if (grad is None) != (ref_grad is None):
+            problems.append(f"{name}: gradient {'missing' if grad is None else 'unexpected'}")
+            continue
+        if grad is None:
+            continue
+        grad = grad.detach().cpu()
+        if grad.shape != ref_grad.shape:
+            problems.append(f"{name}: shape {tuple(grad.shape)} != {tuple(ref_grad.shape)}")
+            continue
+        scale = ref_grad.abs().max().item() if ref_grad.numel() else 0.0
+        err = (grad - ref_grad).abs().max().item() / (scale + floor) if grad.numel() else 0.0
+        if not math.isfinite(err):  # NaN would compare as "not worse" below
+            err = math.inf
+        if err > grad_err:
+            grad_err, worst = err, name
+    if grad_err > GRAD_RTOL:
+        problems.append(f"worst gradient {worst}: relative error {grad_err:.1e}")
+    correct = not problems and loss_err <= LOSS_RTOL
+    out: dict[str, Any] = {"loss_err": loss_err, "grad_err": grad_err, "correct": correct}
+    if problems:
+        out["reason"] = "; ".join(problems[:3])
+    return out
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """Map a failure to (status, reason), looking through the chain torch.compile wraps errors in."""
+    chain = _exception_chain(exc)
+    for e in chain:
+        if isinstance(e, (BudgetError, ThrashError)):
+            return "infeasible", f"{type(e).__name__}: {e}"
+    for e in chain:
+        if isinstance(e, (NotBuilt, NotImplementedError)) or _is_our_missing_module(e):
+            return "not built", f"{type(e).__name__}: {e}"
+    last = chain[-1]
+    return "error", f"{type(last).__name__}: {last}"
+
+
+def _is_our_missing_module(exc: BaseException) -> bool:
+    # A dtr_compile module that does not exist yet (e.g. the backend importing a pass still being written).
+    return isinstance(exc, ImportError) and (exc.name or "").startswith("dtr_compile")
+
+
+def _exception_chain(exc: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append(current)
+        # Dynamo's BackendCompilerFailed keeps the backend's exception in `inner_exception`.
+        current = getattr(current, "inner_exception", None) or current.__cause__ or current.__context__
+    return chain
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        value = asdict(value)
+    if hasattr(value, "_asdict"):
+        value = value._asdict()
+    try:
+        return json.loads(json.dumps(value, default=str))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def device_name(device: str) -> str:
+    """The processor or GPU a figure was taken on, in words."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{name} ({os.cpu_count()} cores)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m dtr_compile.bench.child '<RunSpec JSON>'", file=sys.stderr)
+        return 2
+    spec = RunSpec.from_json(argv[0])
+    result = run(spec)
+    sys.stdout.flush()
+    print(json.dumps({RESULT_KEY: result}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""What a benchmark runs: the grid of (model, method, budget) and how each run is set up.
+
+Budget-independent methods (plain eager, per-block checkpoint) run once per model. The baseline (plain
+eager) always runs, first for its model: its measured peak turns the budget fractions into bytes and its
+loss and gradients are the correctness reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .methods import BASELINE, METHODS
+
+
+@dataclass(frozen=True)
+class Grid:
+    models: Sequence[str]
+    methods: Sequence[str]
+    budgets: Sequence[float]  # fractions of plain eager's measured peak
+    size: str = "quick"
+    device: str = "cpu"
+    threads: int = 1  # torch threads in every child
+    warmup: int = 2  # untimed steps; the first includes any compile
+    steps: int = 5  # timed steps; the median is reported
+    seed: int = 0
+    timeout_s: float = 600.0
+    jobs: int = 1  # children running at once
+    # Which step time the ratios use: "wall" (what a user waits for), or "cpu", this process's CPU time, which
+    # other processes on a shared machine barely disturb (one thread only: with more it sums their times).
+    clock: str = "wall"
+    # True: every child compiles with empty Inductor/Triton caches, so compile_s is a cold compile. False: the
+    # user's on-disk caches, warm from earlier runs (what a second run of a training script sees).
+    fresh_cache: bool = False
+    # Per-method restrictions (the --quick grid compiles Inductor only once or twice): the models a method
+    # runs on, and the budgets it runs at. A method absent from a mapping runs on all of them.
+    only_models: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    only_budgets: Mapping[str, Sequence[float]] = field(default_factory=dict)
+
+    def runs_for(self, model: str) -> list[tuple[str, float | None]]:
+        """(method, budget) pairs of one model, baseline first; budget-independent methods run once."""
+        pairs: list[tuple[str, float | None]] = [(BASELINE, None)]
+        for method in self.methods:
+            if method == BASELINE or model not in self.only_models.get(method, [model]):
+                continue
+            if METHODS[method].uses_budget:
+                pairs.extend((method, b) for b in self.only_budgets.get(method, self.budgets))
+            else:
+                pairs.append((method, None))
+        return pairs
+
+    def plan(self) -> list[tuple[str, str, float | None]]:
+        """Every run as (model, method, budget), in table order."""
+        return [(model, method, budget) for model in self.models for method, budget in self.runs_for(model)]

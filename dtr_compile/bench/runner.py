@@ -1,0 +1,224 @@
+"""Run a grid: each (model, method, budget) in a fresh child process, a few at a time; one row per run.
+
+A run waits for its model's baseline (budget bytes and reference gradients come from it); if the baseline
+fails, the model's other runs become rows with status "error" and that reason, and nothing is started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from .grid import Grid
+from .methods import BASELINE, METHODS
+from .spec import RESULT_KEY, RunSpec
+
+Progress = Callable[[str], None]
+Row = dict[str, Any]
+
+
+def run_grid(
+    grid: Grid,
+    workdir: Path,
+    progress: Progress | None = None,
+    on_row: Callable[[list[Row]], None] | None = None,
+) -> list[Row]:
+    """Run every (model, method, budget) of the grid; returns one row per run, in plan order.
+
+    `workdir` holds the baselines' reference gradients; `on_row(rows_so_far)` is called after each run.
+    """
+    return _Scheduler(grid, workdir, progress or ProgressLine(), on_row).run()
+
+
+class _Scheduler:
+    """Starts ready runs in plan order, at most `grid.jobs` at once, and collects their rows."""
+
+    def __init__(self, grid: Grid, workdir: Path, progress: Progress, on_row: Callable | None) -> None:
+        self.grid, self.workdir, self.progress, self.on_row = grid, workdir, progress, on_row
+        self.plan = grid.plan()
+        self.pending = list(range(len(self.plan)))
+        self.running: list[_Child] = []
+        self.rows: dict[int, Row] = {}
+        self.baselines: dict[str, Row] = {}  # model -> its baseline's row
+
+    def run(self) -> list[Row]:
+        try:
+            while self.pending or self.running:
+                self._start_ready()
+                for child in list(self.running):
+                    row = child.poll()
+                    if row is not None:
+                        self.running.remove(child)
+                        self._finish(child.index, row)
+                if self.running:
+                    now = time.perf_counter()
+                    running = (f"{_key(*self.plan[c.index])} {now - c.start:4.0f}s" for c in self.running)
+                    self.progress("\r" + "  ".join(running))
+                    time.sleep(0.2)
+        finally:
+            for child in self.running:  # interrupted (Ctrl-C): leave no orphan children behind
+                child.kill()
+        return [self.rows[i] for i in range(len(self.plan))]
+
+    def _start_ready(self) -> None:
+        for index in list(self.pending):
+            model, method, budget = self.plan[index]
+            baseline = self.baselines.get(model)
+            if method != BASELINE and baseline is None:
+                continue  # waits for its model's baseline
+            spec = _spec(self.grid, model, method, budget, baseline, str(self.workdir / f"reference-{model}.pt"))
+            if baseline is not None and baseline["status"] != "ok":
+                self.pending.remove(index)
+                failed = {"status": "error", "reason": f"baseline failed: {baseline.get('reason')}"}
+                self._finish(index, _row(spec, failed))
+                continue
+            if len(self.running) >= self.grid.jobs:
+                return
+            self.pending.remove(index)
+            cache = self.workdir / f"compile-cache-{index}" if self.grid.fresh_cache else None
+            self.running.append(_Child(index, spec, self.grid.timeout_s, cache))
+
+    def _finish(self, index: int, row: Row) -> None:
+        model, method, _ = self.plan[index]
+        if method == BASELINE:
+            self.baselines[model] = row
+        _add_ratios(row, self.baselines.get(model), self.grid.clock)
+        self.rows[index] = row
+        width = len(str(len(self.plan)))
+        self.progress(f"[{len(self.rows):>{width}}/{len(self.plan)}] {_key(*self.plan[index])}  {_summary(row)}\n")
+        if self.on_row is not None:
+            self.on_row([self.rows[i] for i in sorted(self.rows)])
+
+
+def _key(model: str, method: str, budget: float | None) -> str:
+    return f"{model}/{method}@{'-' if budget is None else f'{budget:g}'}"
+
+
+def _spec(grid: Grid, model: str, method: str, budget: float | None, baseline: Row | None, ref: str) -> RunSpec:
+    budget_bytes = None
+    if budget is not None and baseline is not None and baseline.get("peak_bytes"):
+        budget_bytes = max(1, int(budget * baseline["peak_bytes"]))
+    return RunSpec(
+        model=model, size=grid.size, method=method, budget=budget, budget_bytes=budget_bytes,
+        device=grid.device, threads=grid.threads, warmup=grid.warmup, steps=grid.steps, seed=grid.seed,
+        reference=ref, write_reference=(method == BASELINE),
+    )  # fmt: skip
+
+
+class _Child:
+    """One child process: `python -m dtr_compile.bench.child <spec>`, its output in temporary files."""
+
+    def __init__(self, index: int, spec: RunSpec, timeout_s: float, cache_dir: Path | None = None) -> None:
+        self.index, self.spec, self.timeout_s = index, spec, timeout_s
+        env = dict(os.environ)
+        # The child must import this very package, wherever the command was started from.
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        # A fixed thread count for every pool, not only torch's: OpenMP in ATen and in Inductor's C++ kernels.
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[var] = str(spec.threads)
+        if cache_dir is not None:  # a cold compile: nothing reused from earlier runs
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
+            env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
+        # Files, not pipes: a chatty child (Inductor logs) cannot block on a full pipe. Closed in _close().
+        self._out: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115
+        self._err: IO[str] = tempfile.TemporaryFile("w+")  # noqa: SIM115
+        cmd = [sys.executable, "-m", "dtr_compile.bench.child", spec.to_json()]
+        self.start = time.perf_counter()
+        self._proc = subprocess.Popen(cmd, stdout=self._out, stderr=self._err, env=env, text=True)
+
+    def poll(self) -> Row | None:
+        """The run's row once the child has ended (or was killed for its timeout), else None."""
+        wall = time.perf_counter() - self.start
+        if self._proc.poll() is None:
+            if wall <= self.timeout_s:
+                return None
+            self._proc.kill()
+            self._proc.wait()
+            self._close()
+            return _row(self.spec, {"status": "timeout", "reason": f"killed after {self.timeout_s:g} s"}, wall)
+        self._out.seek(0)
+        self._err.seek(0)
+        stdout, stderr = self._out.read(), self._err.read()
+        self._close()
+        result = _parse_result(stdout)
+        if result is None:
+            tail = " | ".join(stderr.strip().splitlines()[-3:])
+            result = {"status": "error", "reason": f"child exited with code {self._proc.returncode}: {tail[-500:]}"}
+        return _row(self.spec, result, wall)
+
+    def kill(self) -> None:
+        self._proc.kill()
+        self._proc.wait()
+        self._close()
+
+    def _close(self) -> None:
+        self._out.close()
+        self._err.close()
+
+
+def _parse_result(stdout: str) -> Row | None:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith('{"' + RESULT_KEY):
+            try:
+                return json.loads(line)[RESULT_KEY]
+            except (json.JSONDecodeError, KeyError):
+                return None
+    return None
+
+
+def _row(spec: RunSpec, result: Row, wall_s: float = 0.0) -> Row:
+    row: Row = {
+        "model": spec.model, "size": spec.size, "method": spec.method, "budget": spec.budget,
+        "budget_bytes": spec.budget_bytes, "device": spec.device, "threads": spec.threads,
+        "warmup": spec.warmup, "steps": spec.steps, "wall_s": round(wall_s, 2),
+    }  # fmt: skip
+    row.update(result)
+    return row
+
+
+def _add_ratios(row: Row, baseline: Row | None, clock: str) -> None:
+    if row.get("status") != "ok" or not baseline or baseline.get("status") != "ok":
+        return
+    row["baseline_peak_bytes"] = baseline["peak_bytes"]
+    key = "step_cpu_s" if clock == "cpu" else "step_s"
+    row["baseline_step_s"] = baseline[key]
+    row["peak_ratio"] = row["peak_bytes"] / max(baseline["peak_bytes"], 1)
+    row["time_ratio"] = row[key] / max(baseline[key], 1e-12)
+    row["clock"] = clock
+    if METHODS[row["method"]].compiles and row.get("first_step_s") is not None:
+        row["compile_s"] = max(0.0, row["first_step_s"] - row["step_s"])  # the first step's excess
+    if row.get("budget_bytes"):
+        row["within_budget"] = row["peak_bytes"] <= row["budget_bytes"]
+
+
+def _summary(row: Row) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']}: {' '.join(str(row.get('reason', '')).split())[:100]}  ({row['wall_s']:.0f}s)"
+    mark = "correct" if row.get("correct") else "WRONG"
+    ratios = f"peak x{row.get('peak_ratio', 1.0):.2f}  time x{row.get('time_ratio', 1.0):.2f}"
+    return f"ok  {ratios}  {mark}  ({row['wall_s']:.0f}s)"
+
+
+class ProgressLine:
+    """Progress on stderr. On a terminal the line of running children is rewritten in place; in a log only
+    finished runs are written, one line each."""
+
+    def __init__(self) -> None:
+        self._tty = sys.stderr.isatty()
+
+    def __call__(self, text: str) -> None:
+        if text.startswith("\r"):
+            if self._tty:
+                sys.stderr.write(text[:150] + "\x1b[K")
+                sys.stderr.flush()
+            return
+        sys.stderr.write(("\r\x1b[K" if self._tty else "") + text)
+        sys.stderr.flush()
