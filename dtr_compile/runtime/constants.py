@@ -24,12 +24,15 @@ _LIVENESS_SEARCH_LIMIT = 256
 
 
 class ConstantEntry:
-    __slots__ = ("consumers", "storage", "tensor")
+    __slots__ = ("consumers", "storage", "tensor", "values")
 
     def __init__(self, storage: Storage, tensor: torch.Tensor, on_death) -> None:
         self.storage = storage
         self.tensor = weakref.ref(tensor, on_death)
         self.consumers: weakref.WeakSet[Operation] = weakref.WeakSet()
+        # id(tensor object) -> (weak tensor, its value): a parameter read by every step gets one value, not one
+        # per op (values are immutable until a mutation snapshot moves them, which clears this cache).
+        self.values: dict[int, tuple[weakref.ref, TensorValue]] = {}
 
 
 class ConstantRegistry:
@@ -71,7 +74,14 @@ class ConstantRegistry:
             entry = self._register(tensor, untyped)
         if tensor.requires_grad:
             self.watch_gradient(tensor)
-        return TensorValue(entry.storage, tensor)
+        cached = entry.values.get(id(tensor))
+        if cached is not None and cached[0]() is tensor:
+            value = cached[1]
+            if value.size == tensor.shape and value.stride == tensor.stride() and value.offset == tensor.storage_offset():
+                return value
+        value = TensorValue(entry.storage, tensor)
+        entry.values[id(tensor)] = (weakref.ref(tensor), value)
+        return value
 
     def entry_of(self, storage: Storage) -> ConstantEntry | None:
         entry = self._entries.get(_address(storage))
@@ -88,12 +98,12 @@ class ConstantRegistry:
             if tensor is not None:
                 yield tensor
 
-    def before_mutation(self, storage: Storage, op_has_fresh_outputs: bool, keep: TensorValue) -> Storage | None:
+    def before_mutation(self, storage: Storage, op_has_fresh_outputs: bool) -> Storage | None:
         """`storage` (a constant) is about to be mutated in place: keep its old value where needed.
 
         `op_has_fresh_outputs`: the mutating op itself produces outputs it may have to recompute.
-        `keep`: the value the running op writes through; it stays on the live tensor.
-        Returns the snapshot's storage (what a recompute of the running op must read), or None.
+        Returns the snapshot's storage, or None when no recorded op can need the old value. With a
+        snapshot, every value recorded so far reads it; ask `value_of` again for the live tensor.
         """
         entry = self.entry_of(storage)
         if entry is None:
@@ -106,13 +116,11 @@ class ConstantRegistry:
         # Recorded values now read the snapshot; live handles get fresh values on the mutated tensor.
         frozen = self._pinned(storage.nbytes, Buffer(snapshot, old.device))
         for value in old.values.items():
-            if value is keep:
-                continue
             value.storage = frozen
             value.plain = None
             buffer(frozen).values.add(value)
         old.values.clear()
-        old.values.add(keep)
+        entry.values.clear()
         for cell in old.cells.items():
             cell.value = cell.value.retarget(storage)
         return frozen

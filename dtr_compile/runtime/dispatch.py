@@ -65,10 +65,11 @@ def run_call(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict
     for i in written:
         value = leaves[i]
         if value.storage.producer is None:  # an outside tensor (BatchNorm's running stats) written in place
-            frozen = rt.constants.before_mutation(value.storage, bool(fresh_expected), keep=value)
-            if frozen is not None:  # a recompute of this op must read the value from before the write
+            frozen = rt.constants.before_mutation(value.storage, bool(fresh_expected))
+            if frozen is not None:  # a recompute of this op reads the value from before the write (now `value`)
                 recipe_leaves = list(leaves) if recipe_leaves is leaves else recipe_leaves
-                recipe_leaves[i] = value.retarget(frozen)
+                recipe_leaves[i] = value
+                leaves[i] = rt.constants.value_of(flat[i])  # this run writes the live tensor
 
     name = info.name
     workspace = facts.workspace

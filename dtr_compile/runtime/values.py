@@ -21,27 +21,29 @@ from ..engine import Storage
 class WeakList:
     """Weak references in a list: cheaper than a WeakSet on the per-op hot path (no callback, no hashing).
 
-    Dead references are pruned whenever the length reaches a power of two, so a long-lived storage (a
-    parameter viewed once per step) does not grow the list forever.
+    Dead references are pruned when the list doubles past what was alive at the last pruning, so a
+    long-lived storage (a parameter viewed once per step) does not grow the list forever, at O(1) a call.
     """
 
-    __slots__ = ("_refs",)
+    __slots__ = ("_limit", "_refs")
 
     def __init__(self) -> None:
         self._refs: list[weakref.ref] = []
+        self._limit = 64
 
     def add(self, item: Any) -> None:
         refs = self._refs
         refs.append(weakref.ref(item))
-        n = len(refs)
-        if n >= 64 and n & (n - 1) == 0:
+        if len(refs) >= self._limit:
             refs[:] = [r for r in refs if r() is not None]
+            self._limit = max(64, 2 * len(refs))
 
     def items(self) -> list[Any]:
         return [x for r in self._refs if (x := r()) is not None]
 
     def clear(self) -> None:
         self._refs = []
+        self._limit = 64
 
 
 class Buffer:
