@@ -237,8 +237,11 @@ class Engine:
 
     def release(self, storage: Storage) -> None:
         """The caller took this storage's bytes out of the engine's hands (e.g. a gradient handed to the
-        user at the end of a step): stop counting them. The record stays, evicted, for recomputes."""
+        user at the end of a step): stop counting them and its handles. The record stays, evicted, for
+        recomputes, as long as an operation that may need it does."""
         storage.pinned = False
+        storage.handles = 0
+        self._held.pop(storage.sid, None)
         if storage.resident:
             self._mark_evicted(storage)
             self.executor.evict(storage)

@@ -100,14 +100,12 @@ class Recipe:
             storage = ref()
             if storage is None or storage.resident:
                 continue  # still holds its value; the rerun's copy is dropped
-            if source.kind == "fresh":
-                buffer(storage).untyped = results[source.index].untyped_storage()
-            else:
-                buffer(storage).untyped = copies[source.index]
+            fresh = results[source.index].untyped_storage() if source.kind == "fresh" else copies[source.index]
+            buffer(storage).fill(fresh)
 
 
 class TorchExecutor:
-    """The engine's callbacks for torch: rerun a recipe, drop a buffer; times the recomputes."""
+    """The engine's callbacks for torch: rerun a recipe, free a version's bytes; times the recomputes."""
 
     def __init__(self) -> None:
         self.recompute_seconds = 0.0
@@ -119,5 +117,9 @@ class TorchExecutor:
 
     def evict(self, storage: Storage) -> None:
         payload = storage.payload
-        if isinstance(payload, Buffer):
-            payload.drop()
+        if not isinstance(payload, Buffer):
+            return
+        if storage.handles <= 0 and payload.shared:
+            payload.detach()  # nothing of the program views it: stop managing it (freed with its last holder)
+        else:
+            payload.evict()
