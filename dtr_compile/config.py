@@ -60,8 +60,10 @@ random_seed: int = 0
 # execution of the planned graphs; no compile cost, useful for debugging and tests).
 codegen: Literal["inductor", "fx"] = "inductor"
 
-# How the compiled path costs graph nodes: "estimate" (a roofline from FLOPs and bytes moved) or "measure"
-# (time each node once on real tensors of its shapes; cached per op and shapes for the process).
+# How ops are costed, for the compiled path's planner and the runtime's eviction policy: "estimate" (a
+# roofline from FLOPs and bytes moved: the same on every run, so choices are reproducible) or "measure"
+# (the compiled path times each node once on real tensors of its shapes, cached per op and shapes for the
+# process; the runtime charges each call signature the fastest wall time it has seen).
 cost_mode: Literal["estimate", "measure"] = "estimate"
 
 # ------------------------------------------------------------------------------------------ validation

@@ -91,6 +91,9 @@ class Runtime:
             raise ConfigError(f"reference_peak_bytes={reference_peak_bytes!r}; expected a positive int")
         self.memory_budget = budget
         self.reference_peak_bytes = reference_peak_bytes
+        # Op costs for the eviction policy: the roofline estimate (reproducible) or measured time.
+        self.measure_costs = config.cost_mode == "measure"
+        self.compute_seconds = 0.0  # wall time of the original ops (the engine's costs may be estimates)
         self.executor = TorchExecutor()
         self.engine = Engine(
             None,
@@ -259,7 +262,7 @@ class Runtime:
             rematerializations=engine.remats,
             remat_seconds=self.executor.recompute_seconds,
             search_seconds=engine.search_seconds,
-            compute_seconds=engine.compute_cost,
+            compute_seconds=self.compute_seconds,
             steps=self._steps,
             calibrating=self._calibrating,
         )

@@ -13,6 +13,7 @@ The same hooks see the activations a compiled region saves (AOTAutograd saves th
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,10 +34,8 @@ class SavedTensor:
         self.runtime = runtime
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # a finalizer must not raise (interpreter shutdown)
             self.runtime.index.drop(self.cell)
-        except Exception:  # noqa: BLE001 -- never raise from a finalizer (interpreter shutdown, a closed step)
-            pass
 
 
 def saved_tensor_hooks(runtime: Runtime) -> tuple[Any, Any]:
