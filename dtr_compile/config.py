@@ -66,6 +66,14 @@ codegen: Literal["inductor", "fx"] = "inductor"
 # process; the runtime charges each call signature the fastest wall time it has seen).
 cost_mode: Literal["estimate", "measure"] = "estimate"
 
+# How a training step of a `torch.compile(backend="dtr")` model is managed. "runtime": the whole step runs
+# under the eager DTR runtime (started by the first compiled region, ended with the backward pass): the
+# eager code between compiled regions (graph breaks, data-dependent control flow) is managed online, and
+# the regions join the runtime as operations, so one budget covers the whole step. "plan_only": each
+# compiled region follows its own static plan, planned alone against the budget; code between regions is
+# not managed (no per-op overhead outside the regions, but nothing bounds what it allocates).
+compiled_steps: Literal["runtime", "plan_only"] = "runtime"
+
 # ------------------------------------------------------------------------------------------ validation
 
 _SI = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -164,6 +172,12 @@ def _check_codegen(value: Any) -> str:
     raise ConfigError(f"codegen={value!r}; expected 'inductor' or 'fx'")
 
 
+def _check_compiled_steps(value: Any) -> str:
+    if value in ("runtime", "plan_only"):
+        return value
+    raise ConfigError(f"compiled_steps={value!r}; expected 'runtime' or 'plan_only'")
+
+
 def _check_cost_mode(value: Any) -> str:
     if value in ("estimate", "measure"):
         return value
@@ -180,6 +194,7 @@ _VALIDATORS = {
     "random_seed": _check_nonneg_int("random_seed"),
     "codegen": _check_codegen,
     "cost_mode": _check_cost_mode,
+    "compiled_steps": _check_compiled_steps,
 }
 
 

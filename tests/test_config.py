@@ -296,7 +296,15 @@ def test_snapshot_lists_every_flag() -> None:
         "random_seed",
         "codegen",
         "cost_mode",
+        "compiled_steps",
     }
+
+
+def test_compiled_steps_accepts_its_two_modes_only() -> None:
+    with config.patch(compiled_steps="plan_only"):
+        assert config.compiled_steps == "plan_only"
+    with pytest.raises(ConfigError, match="'runtime' or 'plan_only'"):
+        config.compiled_steps = "eager"
 
 
 @pytest.mark.parametrize(

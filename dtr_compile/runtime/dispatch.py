@@ -42,7 +42,10 @@ class DTRMode(TorchDispatchMode):
         return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        return run_call(self.runtime, func, args, kwargs or {})
+        runtime = self.runtime
+        if runtime._mode is not self:  # its step has ended; left on a stack it could not be popped from
+            return func(*args, **(kwargs or {}))
+        return run_call(runtime, func, args, kwargs or {})
 
 
 def run_call(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:

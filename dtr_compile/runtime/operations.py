@@ -116,7 +116,7 @@ def record_outputs(
     for old, arg in versioned.values():
         new = outputs[position]
         position += 1
-        new.payload = Buffer(arg.untyped_storage(), arg.device, shared=True)
+        new.payload = Buffer(arg.untyped_storage(), arg.device, shared=True, weak=True)
         buffer(old).detach()  # the old bytes are gone: a recompute of the old version gets its own storage
         key = storage_key(arg)
         index.set_current(key, new)
@@ -125,7 +125,7 @@ def record_outputs(
     for key, r in fresh:
         new = outputs[position]
         position += 1
-        new.payload = Buffer(r.untyped_storage(), r.device, shared=True)
+        new.payload = Buffer(r.untyped_storage(), r.device, shared=True, weak=True)
         index.set_current(key, new)
         keys[key] = new
 

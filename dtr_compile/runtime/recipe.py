@@ -76,6 +76,11 @@ class Recipe:
         self.sources = sources  # one per engine output storage, in order
         self.rng = rng
 
+    def invoke(self, flat: list[Any]) -> list[Any]:
+        """Run the call on flattened arguments; its results, flattened."""
+        args, kwargs = unflatten_call(flat, self.spec)
+        return flatten_result(self.func(*args, **kwargs))[0]
+
     def rerun(self, op: Operation) -> None:
         flat: list[Any] = []
         copies: dict[int, torch.UntypedStorage] = {}  # leaf index -> copy of a mutated argument's storage
@@ -88,14 +93,12 @@ class Recipe:
                 flat.append(view_of(copy, leaf))
             else:
                 flat.append(leaf.get())
-        args, kwargs = unflatten_call(flat, self.spec)
         previous = self.rng.replay() if self.rng is not None else None
         try:
-            result = self.func(*args, **kwargs)
+            results = self.invoke(flat)
         finally:
             if previous is not None:
                 previous.replay()
-        results = flatten_result(result)[0]
         for ref, source in zip(op.output_refs, self.sources):
             storage = ref()
             if storage is None or storage.resident:

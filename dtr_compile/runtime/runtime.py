@@ -20,6 +20,7 @@ the output-size cache warm and lets a fractional budget calibrate once (see `_re
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import Iterable
@@ -43,6 +44,16 @@ from .sizes import OutputSizer
 from .values import buffer
 
 _FROM_CONFIG: Any = object()  # default budget: dtr_compile.config.memory_budget at construction
+
+# The Runtime whose step runs on this thread. The compiled path reads it while TorchDynamo compiles a
+# region, when Dynamo has lifted the dispatch modes off the stack (so the mode stack cannot tell).
+_CURRENT = threading.local()
+
+
+def current_step() -> Runtime | None:
+    """The Runtime whose step is running on this thread, or None."""
+    runtime = getattr(_CURRENT, "runtime", None)
+    return runtime if runtime is not None and runtime.active else None  # a step may end on another thread
 
 
 @dataclass(frozen=True)
@@ -158,12 +169,15 @@ class Runtime:
             self.recorder.begin_step()
         self._mode = DTRMode(self)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(*saved_tensor_hooks(self))
+        _CURRENT.runtime = self
 
     def end_step(self, *, failed: bool = False) -> None:
         """End the step (the mode and hooks are already removed). Everything that outlives it (outputs,
         gradients, a graph kept for later) leaves it resident and unmanaged: afterwards the program holds
         ordinary tensors, outside the next step's budget."""
         self._mode = self._hooks = None
+        if getattr(_CURRENT, "runtime", None) is self:
+            _CURRENT.runtime = None
         self._steps += 1
         engine = self.engine
         if self._calibrating and not failed:
@@ -243,6 +257,16 @@ class Runtime:
         return self.recorder.constant_name(storage)
 
     # -------------------------------------------------------------------------------- reporting
+
+    @property
+    def calibrating(self) -> bool:
+        """This step runs without a budget to measure the no-remat peak a fractional budget refers to."""
+        return self._calibrating
+
+    @property
+    def step_bytes(self) -> int:
+        """Bytes the current step has allocated and still holds (0 outside a step)."""
+        return self.engine.memory - self._step_start_memory if self.active else 0
 
     @property
     def budget_bytes(self) -> int | None:

@@ -43,6 +43,8 @@ def saved_tensor_hooks(runtime: Runtime) -> tuple[Any, Any]:
     index = runtime.index
 
     def pack(tensor: torch.Tensor) -> Any:
+        if not runtime.active:  # left on the stack after its step ended (see implicit.py)
+            return tensor
         storage = index.lookup(tensor)
         if storage is None:
             return tensor  # an outside tensor: pinned anyway

@@ -56,45 +56,66 @@ class WeakList:
 class Buffer:
     """Payload of an engine Storage: where the bytes of that version live.
 
-    `untyped` is the storage holding them while resident. `shared` means it is the storage user tensors
-    view (evicted by resizing it to 0 bytes, refilled by swapping data pointers); otherwise it is an
-    engine-owned storage that nobody else sees (evicted by dropping it). `cells` are the live handles.
+    `shared`: the bytes live in the torch storage user tensors view (evicted by resizing it to 0 bytes,
+    refilled by swapping data pointers). The runtime holds such a storage weakly (`weak=True`): when the
+    program lets go of every tensor on it (a compiled backward frees each saved activation after its last
+    use), PyTorch frees it at once, whatever the engine still has to learn. Outside tensors (constants) are
+    held strongly, since a recompute may read them after the program dropped them. Not shared: an
+    engine-owned storage nobody else sees (evicted by dropping it). `cells` are the live handles.
     """
 
-    __slots__ = ("cells", "device", "shared", "untyped")
+    __slots__ = ("_strong", "_weak", "cells", "device", "shared")
 
-    def __init__(self, untyped: torch.UntypedStorage | None, device: torch.device, *, shared: bool) -> None:
-        self.untyped = untyped
+    def __init__(
+        self, untyped: torch.UntypedStorage | None, device: torch.device, *, shared: bool, weak: bool = False
+    ) -> None:
+        self._strong = None if weak else untyped
+        self._weak = untyped._weak_ref() if weak and untyped is not None else None
         self.device = device
         self.shared = shared
         self.cells = WeakList()  # handles.HandleCell of the live tensors and saved tensors on this version
 
+    @property
+    def untyped(self) -> torch.UntypedStorage | None:
+        """The torch storage holding the bytes (None once dropped, or once PyTorch freed a weak one)."""
+        if self._weak is not None:
+            return torch.UntypedStorage._new_with_weak_ptr(self._weak)
+        return self._strong
+
     def evict(self) -> None:
         """Free the bytes. User tensors on a shared storage stay valid objects with 0 bytes behind them."""
-        untyped = self.untyped
-        if untyped is None:
-            return
         if self.shared:
-            untyped.resize_(0)
+            untyped = self.untyped
+            if untyped is not None:
+                untyped.resize_(0)
         else:
-            self.untyped = None
+            self._strong = None
 
     def detach(self) -> None:
         """Stop managing the storage without touching it (its user tensors keep their bytes)."""
-        self.untyped = None
+        self._release_weak()
+        self._strong = None
         self.shared = False
 
     def fill(self, fresh: torch.UntypedStorage) -> None:
         """Make `fresh`'s bytes this version's (after a recompute)."""
-        target = self.untyped
-        if self.shared and target is not None:
-            if target.nbytes() == 0 and fresh.nbytes() > 0:
-                target._swap_data_ptr_(fresh)  # the user's tensors now see the recomputed bytes; `fresh` is empty
-            return
-        self.untyped = fresh
+        if self.shared:
+            target = self.untyped
+            if target is not None:
+                if target.nbytes() == 0 and fresh.nbytes() > 0:
+                    target._swap_data_ptr_(fresh)  # the user's tensors see the recomputed bytes; `fresh` is empty
+                return
+        self._release_weak()
+        self._strong = fresh
+        self.shared = False
 
-    def is_empty(self) -> bool:
-        return self.untyped is None or (self.shared and self.untyped.nbytes() == 0)
+    def _release_weak(self) -> None:
+        if self._weak is not None:
+            torch.UntypedStorage._free_weak_ref(self._weak)
+            self._weak = None
+
+    def __del__(self) -> None:
+        self._release_weak()
 
 
 class TensorValue:
