@@ -37,8 +37,9 @@ def dtr_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
     return Region(gm, example_inputs)
 
 
-# wrap(compiled part, its graph, "forward" | "backward" | "inference") -> what AOTAutograd calls instead
-PartWrapper = Callable[[Any, fx.GraphModule, str], Any]
+# wrap(a part's graph, "forward" | "backward" | "inference"), called before the part is compiled (a code
+# generator may rewrite the graph), returns finish(compiled part) -> what AOTAutograd calls instead.
+PartWrapper = Callable[[fx.GraphModule, str], Callable[[Any], Any]]
 
 
 def compile_region(
@@ -57,8 +58,9 @@ def compile_region(
 
         def compiler(phase: str) -> Callable[[fx.GraphModule, Sequence[Any]], Any]:
             def compile_part(part: fx.GraphModule, inputs: Sequence[Any]) -> Any:
+                finish = wrap(part, phase) if wrap is not None else None
                 compiled = _boxed_fx(part, inputs)
-                return wrap(compiled, part, phase) if wrap is not None else compiled
+                return finish(compiled) if finish is not None else compiled
 
             return compile_part
 
@@ -74,12 +76,11 @@ def compile_region(
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
         def inner_compile(part: fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
+            phase = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
+            finish = wrap(part, phase) if wrap is not None else None
             with _disable_current_modes():  # a backward compiled lazily runs inside a step's backward pass
                 compiled = compile_fx_inner(part, inputs, **kwargs)
-            if wrap is None:
-                return compiled
-            phase = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
-            return wrap(compiled, part, phase)
+            return finish(compiled) if finish is not None else compiled
 
         # Our plan must reach Inductor unchanged: its own partitioner is replaced by ours, and the
         # AOTAutograd cache is bypassed so that every compile plans (and reports) afresh.

@@ -41,6 +41,7 @@ from .passes.meta import cost_of
 from .passes.partition import DTRPartitioner, PlanReport
 from .passes.storage import tensor_nbytes
 from .runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint
+from .runtime.slices import output_slices
 from .runtime.implicit import STEPS
 from .runtime.runtime import current_step
 
@@ -63,12 +64,17 @@ class Region:
         self.reports: list[PlanReport] = []  # one per compile, for explain and tests
         self._key: Hashable = None
         self._compiled: Callable[..., Any] | None = None
+        self._attached = False
         key, budget = self._plan_budget()
         self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
 
+    @torch.compiler.disable(recursive=True)  # Dynamo calls it from the code it generated
     def __call__(self, *args: Any) -> Any:
+        STEPS.close_stale()
         if STEPS.wanted():
             STEPS.begin()
+            if not self._attached:  # later steps begin before Dynamo's frame (see implicit.py)
+                self._attached = STEPS.attach_to_calling_module()
         try:
             key, budget = self._plan_budget()
             if key != self._key:
@@ -116,17 +122,20 @@ class Region:
 
         partitioner = DTRPartitioner(budget, cost_mode=self.cost_mode)
 
-        def wrap(inner: Any, graph: fx.GraphModule, phase: str) -> CompiledPart:
+        def wrap(graph: fx.GraphModule, phase: str) -> Callable[[Any], CompiledPart]:
             report = partitioner.reports[-1] if partitioner.reports and phase != "inference" else None
             if report is not None and (not self.reports or self.reports[-1] is not report):
                 self.reports.append(report)
-            return make_part(inner, graph, phase, report, self.name)
+            return part_maker(graph, phase, report, self.name)
 
         return compile_region(self.gm, example_inputs, partitioner, codegen=self.codegen, wrap=wrap)
 
 
-def make_part(inner: Any, graph: fx.GraphModule, phase: str, report: PlanReport | None, region: str) -> CompiledPart:
-    """A compiled forward/backward/inference graph as a `CompiledPart`, with what the plan says of it."""
+def part_maker(
+    graph: fx.GraphModule, phase: str, report: PlanReport | None, region: str
+) -> Callable[[Any], CompiledPart]:
+    """What the plan and the graph say of a forward/backward/inference part, read before it is compiled;
+    returns how to make the compiled part a `CompiledPart`."""
     placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
     example_numels = tuple(
         int(tensor_nbytes(v) // max(v.element_size(), 1))
@@ -134,15 +143,25 @@ def make_part(inner: Any, graph: fx.GraphModule, phase: str, report: PlanReport 
         if isinstance(v, torch.Tensor)
     )
     footprint = _footprint(report, phase, example_numels) if report is not None else NO_FOOTPRINT
-    return CompiledPart(
-        inner,
-        name=f"{region}.{phase}",
-        footprint=footprint,
-        estimated_s=_estimated_seconds(report, phase),
-        random=phase != "backward" and _draws_random_numbers(graph),
-        mutated_inputs=_mutated_inputs(graph, placeholders),
-        on_call=STEPS.on_backward_part if phase == "backward" else None,
-    )
+    mutated = _mutated_inputs(graph, placeholders)
+    # A forward's outputs can each be recomputed alone, from the region's inputs and its other outputs.
+    slices = output_slices(graph) if phase != "backward" and not mutated else None
+    random = phase != "backward" and _draws_random_numbers(graph)
+    estimated = _estimated_seconds(report, phase)
+
+    def finish(inner: Any) -> CompiledPart:
+        return CompiledPart(
+            inner,
+            name=f"{region}.{phase}",
+            footprint=footprint,
+            estimated_s=estimated,
+            random=random,
+            mutated_inputs=mutated,
+            slices=slices,
+            on_call=STEPS.on_backward_part if phase == "backward" else None,
+        )
+
+    return finish
 
 
 def _footprint(report: PlanReport, phase: str, example_numels: tuple[int, ...]) -> Footprint:

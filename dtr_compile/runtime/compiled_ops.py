@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ..engine import Operation
+from ..engine import Storage
 from .operations import Inputs, record_outputs
 from .recipe import OutputSource, Recipe, RngState
+from .slices import OutputSlice
+from .values import Buffer, TensorValue, storage_key
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -77,12 +79,14 @@ class CompiledPart:
         estimated_s: float | None = None,
         random: bool = False,
         mutated_inputs: Sequence[int] = (),
+        slices: Sequence[OutputSlice | None] | None = None,
         on_call: Callable[[Runtime], None] | None = None,
     ) -> None:
         """`estimated_s`: the plan's modelled time of the part (its cost to the engine unless costs are
         measured); `random`: it draws random numbers (its RNG state is replayed by a recompute);
-        `mutated_inputs`: positions of the inputs it writes in place; `on_call`: told the runtime whenever
-        the part runs inside a step (the backward part ends an implicit step through it)."""
+        `mutated_inputs`: positions of the inputs it writes in place; `slices`: per output, how to recompute
+        it alone (slices.py; None: only by rerunning the part); `on_call`: told the runtime whenever the part
+        runs inside a step (the backward part ends an implicit step through it)."""
         if not getattr(inner, "_boxed_call", False):
             from torch._functorch.aot_autograd import make_boxed_func
 
@@ -96,9 +100,11 @@ class CompiledPart:
         self.estimated_s = estimated_s
         self.random = random
         self.mutated_inputs = tuple(mutated_inputs)
+        self.slices = list(slices) if slices is not None else None
         self.on_call = on_call
         self._measured_s = float("inf")
 
+    @torch.compiler.disable(recursive=True)  # called from compiled code: the runtime is never traced
     def __call__(self, *call_args: Any) -> Any:
         # Boxed (one list, which the callee empties), as AOTAutograd calls parts; AOTAutograd's lazily
         # compiled backward goes through a wrapper that hides `_boxed_call` and passes the arguments unboxed.
@@ -108,7 +114,11 @@ class CompiledPart:
             return self.inner(args)
         if self.on_call is not None:
             self.on_call(runtime)
-        return run_part(runtime, self, args)
+        try:
+            return run_part(runtime, self, args)
+        except BaseException:
+            runtime.failed = True
+            raise
 
     def cost(self, seconds: float, measure: bool) -> float:
         self._measured_s = min(self._measured_s, seconds)
@@ -117,10 +127,25 @@ class CompiledPart:
         return self.estimated_s
 
 
+class SliceRecipe(Recipe):
+    """Recompute one output of a compiled forward from its slice (its boundary values as inputs)."""
+
+    __slots__ = ("module",)
+    compiled = True
+
+    def __init__(self, output_slice: OutputSlice, leaves: list[Any]) -> None:
+        super().__init__(output_slice.module, None, leaves, frozenset(), [OutputSource("fresh", 0)], None)
+        self.module = output_slice.module
+
+    def invoke(self, flat: list[Any]) -> list[Any]:
+        return [self.module(*flat)]
+
+
 class PartRecipe(Recipe):
     """Rerun a compiled part on the values it read (mutated inputs on copies, RNG state replayed)."""
 
     __slots__ = ("part",)
+    compiled = True
 
     def __init__(self, part: CompiledPart, leaves: list[Any], mutated: frozenset[int], sources: list[OutputSource],
                  rng: RngState | None) -> None:
@@ -167,10 +192,96 @@ def run_part(rt: Runtime, part: CompiledPart, args: list[Any]) -> list[Any]:
             raise
         rt.compute_seconds += elapsed
         cost = part.cost(elapsed, rt.measure_costs)
-        record_outputs(rt, part.name, described, inputs, written, results, cost, transient,
-                       lambda sources: PartRecipe(part, inputs.leaves, frozenset(written), sources, rng),
-                       unpredicted=True)
+        if part.slices is not None and not written and rt.recorder is None:
+            record_by_slices(rt, part, inputs, results, cost, need, rng)
+        else:
+            # A rerun allocates every output again, those still resident included (their copies are dropped):
+            # its workspace is all of what the first run made room for.
+            record_outputs(rt, part.name, described, inputs, written, results, cost, need,
+                           lambda sources: PartRecipe(part, inputs.leaves, frozenset(written), sources, rng),
+                           unpredicted=True)
     return results
+
+
+def record_by_slices(
+    rt: Runtime, part: CompiledPart, inputs: Inputs, results: list[Any], cost: float, workspace: int,
+    rng: RngState | None,
+) -> None:
+    """Register a forward's outputs as one operation each, recomputed by its slice; outputs without a slice
+    (random ones) as one operation that reruns the whole part. The region's inputs are locked (reserved
+    before the part ran); every output is resident."""
+    engine, index = rt.engine, rt.index
+    assert part.slices is not None
+    storage_of: dict[int, Storage] = dict(inputs.keys)  # torch storage key -> engine storage
+    fresh: dict[int, int] = {}  # torch storage key -> position of the first output on it
+    for k, r in enumerate(results):
+        if isinstance(r, torch.Tensor):
+            key = storage_key(r)
+            if key not in storage_of and key not in fresh:
+                fresh[key] = k
+    by_position: dict[int, Storage] = {}
+    new: list[Storage] = []
+
+    def adopt(storage: Storage, k: int, key: int) -> None:
+        r = results[k]
+        storage.payload = Buffer(r.untyped_storage(), r.device, shared=True, weak=True)
+        index.set_current(key, storage)
+        storage_of[key] = storage
+        by_position[k] = storage
+        new.append(storage)
+
+    whole = [(key, k) for key, k in fresh.items() if part.slices[k] is None]
+    sliced_cost = sum(part.slices[k].estimated_s for k in fresh.values() if part.slices[k] is not None)
+    if whole:
+        sources = [OutputSource("fresh", k) for _, k in whole]
+        op = engine.record(part.name, inputs.storages, [results[k].untyped_storage().nbytes() for _, k in whole],
+                           max(cost - sliced_cost, 0.0), payload=PartRecipe(part, inputs.leaves, frozenset(), sources, rng),
+                           workspace=workspace)
+        for storage, (key, k) in zip(op.outputs, whole):
+            adopt(storage, k, key)
+    else:
+        engine.abandon(inputs.storages)
+
+    pending = [(key, k) for key, k in fresh.items() if part.slices[k] is not None]
+    while pending:  # in dependency order: a slice reads outputs registered before it
+        waiting = []
+        for key, k in pending:
+            output_slice = part.slices[k]
+            boundary: list[Storage | None] = []
+            for kind, j in output_slice.boundaries:
+                if kind == "input":
+                    boundary.append(inputs.leaves[j].storage)
+                else:
+                    boundary.append(by_position.get(j) or _storage_of_result(results[j], storage_of))
+            if any(s is None for s in boundary):
+                waiting.append((key, k))
+                continue
+            leaves = [
+                inputs.leaves[j] if kind == "input" else TensorValue(storage, results[j])
+                for (kind, j), storage in zip(output_slice.boundaries, boundary)
+            ]
+            storages = list(dict.fromkeys(boundary))
+            engine.reserve(storages, 0, part.name)  # all resident: locks them for the record
+            op = engine.record(f"{part.name}[{k}]", storages, [results[k].untyped_storage().nbytes()],
+                               output_slice.estimated_s, payload=SliceRecipe(output_slice, leaves),
+                               workspace=output_slice.workspace_bytes)
+            adopt(op.outputs[0], k, key)
+        if len(waiting) == len(pending):
+            raise AssertionError(f"dtr_compile internal error: cyclic output slices in {part.name}")
+        pending = waiting
+
+    for r in results:
+        if isinstance(r, torch.Tensor):
+            storage = storage_of.get(storage_key(r))
+            if storage is not None and storage.producer is not None:
+                index.track(r, storage)
+    for storage in new:
+        engine.drop_handle(storage)  # the engine's initial handle: from now on only the program's handles count
+    engine.reserve([], 0, part.name)  # the outputs' true size is known now: restore the budget
+
+
+def _storage_of_result(result: Any, storage_of: dict[int, Storage]) -> Storage | None:
+    return storage_of.get(storage_key(result)) if isinstance(result, torch.Tensor) else None
 
 
 def _device_of(flat: Sequence[Any]) -> torch.device:
@@ -180,6 +291,3 @@ def _device_of(flat: Sequence[Any]) -> torch.device:
     return torch.device("cpu")
 
 
-def is_region_operation(op: Operation) -> bool:
-    """True for an engine operation that runs a compiled part (for statistics and tests)."""
-    return isinstance(op.payload, PartRecipe)

@@ -57,6 +57,7 @@ class ConstantRegistry:
             return
         pin_tensor = self.pin_tensor
 
+        @torch.compiler.disable(recursive=True)
         def pin_gradient(leaf: torch.Tensor) -> None:
             if leaf.grad is not None:
                 pin_tensor(leaf.grad)
@@ -132,14 +133,17 @@ class ConstantRegistry:
                 "through `rt.materialize(tensor)`; tensors that outlive a step are restored when it ends."
             )
         storage = self._pinned(untyped.nbytes(), Buffer(untyped, tensor.device, shared=True))
-        entry = ConstantEntry(storage, tensor, lambda _: self._forget(key, entry))
-        self._entries[key] = entry
-        return entry
+        entries = self._entries
 
-    def _forget(self, key: int, entry: ConstantEntry) -> None:
-        """The outside tensor died (e.g. last step's batch): its record lives on only in recipes that need it."""
-        if self._entries.get(key) is entry:
-            del self._entries[key]
+        @torch.compiler.disable(recursive=True)  # deaths happen inside compiled code too
+        def forget(_ref: object) -> None:
+            """The outside tensor died (e.g. last step's batch): its record lives on only in recipes that need it."""
+            if entries.get(key) is entry:
+                del entries[key]
+
+        entry = ConstantEntry(storage, tensor, forget)
+        entries[key] = entry
+        return entry
 
     def _pinned(self, nbytes: int, payload: Buffer) -> Storage:
         storage = self.engine.constant(nbytes, payload=payload)

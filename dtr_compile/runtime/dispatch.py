@@ -45,7 +45,11 @@ class DTRMode(TorchDispatchMode):
         runtime = self.runtime
         if runtime._mode is not self:  # its step has ended; left on a stack it could not be popped from
             return func(*args, **(kwargs or {}))
-        return run_call(runtime, func, args, kwargs or {})
+        try:
+            return run_call(runtime, func, args, kwargs or {})
+        except BaseException:
+            runtime.failed = True
+            raise
 
 
 def run_call(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:

@@ -122,6 +122,8 @@ class StorageIndex:
         watched = self._watched
 
         def on_death_of(cell: HandleCell) -> Callable[[object], None]:
+            # Deaths happen anywhere, inside compiled code too: the notice is never traced by Dynamo.
+            @torch.compiler.disable(recursive=True)
             def on_death(_ref: object) -> None:
                 cell.death = None  # break the cell -> ref -> callback -> cell cycle
                 watched.discard(cell)

@@ -13,6 +13,13 @@ state and puts the original back when it returns, so the mode and hooks cannot b
 inside it: they stay there, inert (an inert mode runs every op as it is; inert hooks save tensors as they
 are), and are popped when the next compiled region is called. A forward that raises ends its step at once.
 
+Where a step begins matters. TorchDynamo runs a compiled module's forward inside a guard that restores, on
+return, the dispatch keys that were enabled when it was entered: a mode pushed inside (by the first compiled
+region) stays on the stack but stops seeing the ops that follow the module call (a loss computed outside the
+model). So the first region of a step also registers a forward pre-hook on the compiled module it runs in
+(`attach_to_calling_module`), and every later step begins there, before the guard: the whole step, loss and
+backward included, runs under the runtime. Only the very first step (the one that compiles) begins inside.
+
 One Runtime serves all implicit steps of the process (its output-size cache and the calibration of a
 fractional budget carry over between steps); `implicit_runtime()` returns it for its statistics. A program
 that runs a compiled model with gradients enabled but never calls backward keeps its step open until the
@@ -20,6 +27,10 @@ next backward; wrap such code in `torch.no_grad()`.
 """
 
 from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode
@@ -37,7 +48,8 @@ class ImplicitSteps:
         self._settings: tuple = ()  # the config the Runtime was made from
         self._modes: list[DTRMode] = []  # modes our steps pushed and that may still be on the stack
         self._packs: list[object] = []  # their pack hooks
-        self._end_queued = False
+        self._end_queued = False  # this step's end is queued on the autograd engine (its backward began)
+        self._hooked: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # modules whose calls begin steps
 
     def wanted(self) -> bool:
         """Would a compiled region called now start an implicit step?"""
@@ -59,6 +71,14 @@ class ImplicitSteps:
     def running(self) -> bool:
         runtime = self.runtime
         return runtime is not None and runtime.active
+
+    def close_stale(self) -> None:
+        """Before a compiled forward: end a step that cannot continue (an operation of it raised, or its
+        backward already ran and failed before the end of the pass), and pop what ended steps left."""
+        runtime = self.runtime
+        if runtime is not None and runtime.active and (runtime.failed or self._end_queued):
+            runtime.end_step(failed=True)
+        self.pop_inert()
 
     def begin(self) -> Runtime:
         self.pop_inert()
@@ -94,6 +114,28 @@ class ImplicitSteps:
             torch._C._autograd._pop_saved_tensors_default_hooks()
             self._packs.remove(top[0])
 
+    def attach_to_calling_module(self) -> bool:
+        """Find the compiled module whose forward is running (up the call stack) and make its later calls
+        begin their steps before TorchDynamo's guard; False if the compiled code is not a module's."""
+        from torch._dynamo.eval_frame import OptimizedModule
+
+        frame = sys._getframe(1)
+        while frame is not None:
+            candidate = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+            if isinstance(candidate, OptimizedModule):
+                if candidate not in self._hooked:
+                    candidate.register_forward_pre_hook(self._before_forward)
+                    self._hooked.add(candidate)
+                return True
+            frame = frame.f_back
+        return False
+
+    @torch.compiler.disable(recursive=True)
+    def _before_forward(self, module: torch.nn.Module, args: Any) -> None:
+        self.close_stale()
+        if self.wanted():
+            self.begin()
+
     def on_backward_part(self, runtime: Runtime) -> None:
         """A backward part of a compiled region runs inside a step: end the step with its backward pass."""
         if runtime is not self.runtime or self._end_queued:
@@ -101,6 +143,7 @@ class ImplicitSteps:
         self._end_queued = True
         torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
 
+    @torch.compiler.disable(recursive=True)
     def _after_backward(self) -> None:
         runtime = self.runtime
         if runtime is not None and runtime.active:

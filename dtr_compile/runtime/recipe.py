@@ -59,6 +59,7 @@ class Recipe:
     """Everything needed to rerun one aten call."""
 
     __slots__ = ("func", "leaves", "mutated", "rng", "sources", "spec")
+    compiled = False  # reruns compiled code (a part of a compiled region)?
 
     def __init__(
         self,
@@ -108,15 +109,19 @@ class Recipe:
 
 
 class TorchExecutor:
-    """The engine's callbacks for torch: rerun a recipe, free a version's bytes; times the recomputes."""
+    """The engine's callbacks for torch: rerun a recipe, free a version's bytes; times and counts them."""
 
     def __init__(self) -> None:
         self.recompute_seconds = 0.0
+        self.region_evictions = 0  # live outputs of compiled regions evicted
+        self.region_remats = 0  # reruns of compiled code
 
     def recompute(self, op: Operation) -> None:
         start = time.perf_counter()
         op.payload.rerun(op)
         self.recompute_seconds += time.perf_counter() - start
+        if op.payload.compiled:
+            self.region_remats += 1
 
     def evict(self, storage: Storage) -> None:
         payload = storage.payload
@@ -124,5 +129,7 @@ class TorchExecutor:
             return
         if storage.handles <= 0 and payload.shared:
             payload.detach()  # nothing of the program views it: stop managing it (freed with its last holder)
-        else:
-            payload.evict()
+            return
+        if storage.handles > 0 and storage.producer is not None and storage.producer.payload.compiled:
+            self.region_evictions += 1
+        payload.evict()

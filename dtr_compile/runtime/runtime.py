@@ -65,6 +65,8 @@ class RuntimeStats:
     evictions: int
     eager_evictions: int  # storages freed because their last handle died
     rematerializations: int
+    region_evictions: int  # of those, outputs of compiled regions (compiled_ops.py)
+    region_rematerializations: int  # of those, reruns of compiled code
     remat_seconds: float  # wall time spent recomputing
     search_seconds: float  # wall time spent choosing what to evict
     compute_seconds: float  # wall time of the original ops
@@ -74,8 +76,9 @@ class RuntimeStats:
     def __str__(self) -> str:
         budget = "none" if self.budget_bytes is None else format_bytes(self.budget_bytes)
         return (
-            f"DTR runtime: budget {budget}, peak {format_bytes(self.peak_bytes)}, {self.evictions} evictions, "
-            f"{self.rematerializations} rematerializations ({self.remat_seconds * 1e3:.1f} ms recompute, "
+            f"DTR runtime: budget {budget}, peak {format_bytes(self.peak_bytes)}, {self.evictions} evictions "
+            f"({self.region_evictions} of compiled-region outputs), {self.rematerializations} rematerializations "
+            f"({self.region_rematerializations} reran compiled code; {self.remat_seconds * 1e3:.1f} ms recompute, "
             f"{self.search_seconds * 1e3:.1f} ms eviction search, {self.compute_seconds * 1e3:.1f} ms compute), "
             f"{self.steps} steps"
         )
@@ -128,6 +131,7 @@ class Runtime:
         self._step_start_memory = 0
         self._steps = 0
         self._calibrating = False
+        self.failed = False  # an operation of the current step raised
 
     def close(self) -> None:
         """Finish the operation log, if one is recorded (also done when the Runtime is collected)."""
@@ -160,6 +164,7 @@ class Runtime:
         if self._mode is not None:
             raise DTRError("this dtr_compile Runtime is already active; runtimes do not nest")
         self._calibrating = False
+        self.failed = False
         budget = self._resolved_budget()
         # The budget bounds what the step allocates above what was live when it began.
         self._step_start_memory = self.engine.memory
@@ -284,6 +289,8 @@ class Runtime:
             evictions=engine.evictions,
             eager_evictions=engine.eager_evictions,
             rematerializations=engine.remats,
+            region_evictions=self.executor.region_evictions,
+            region_rematerializations=self.executor.region_remats,
             remat_seconds=self.executor.recompute_seconds,
             search_seconds=engine.search_seconds,
             compute_seconds=self.compute_seconds,

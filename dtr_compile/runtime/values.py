@@ -114,6 +114,7 @@ class Buffer:
             torch.UntypedStorage._free_weak_ref(self._weak)
             self._weak = None
 
+    @torch.compiler.disable(recursive=True)
     def __del__(self) -> None:
         self._release_weak()
 
