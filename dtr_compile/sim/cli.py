@@ -31,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("logs", nargs="+", metavar="LOG", help="operation log files (.log or .log.gz)")
     parser.add_argument(
-        "--ratios", default=DEFAULT_RATIOS, help=f"budgets as fractions of the no-budget peak (default {DEFAULT_RATIOS})"
+        "--ratios",
+        default=DEFAULT_RATIOS,
+        help=f"budgets as fractions of the no-budget peak (default {DEFAULT_RATIOS})",
     )
     parser.add_argument(
         "--heuristic",
@@ -111,7 +113,9 @@ def _heuristics(text: str) -> list[str]:
     names = [h.strip() for h in text.split(",") if h.strip()]
     for name in names:
         if name not in HEURISTICS:
-            raise config.ConfigError(f"--heuristic {name!r} is unknown; expected one of {', '.join(sorted(HEURISTICS))}")
+            raise config.ConfigError(
+                f"--heuristic {name!r} is unknown; expected one of {', '.join(sorted(HEURISTICS))}"
+            )
     return names
 
 
