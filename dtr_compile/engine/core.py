@@ -55,12 +55,16 @@ def _next_missing(op: Operation, frame: _Frame) -> Storage | None:
     for position, storage in enumerate(op.inputs):
         if position in frame.locked or storage.resident:
             continue
-        producer = storage.producer
-        if producer is not None and any(not parent.resident for parent in producer.inputs):
+        if _has_evicted_parent(storage):
             return storage
         if first is None:
             first = storage
     return first
+
+
+def _has_evicted_parent(storage: Storage) -> bool:
+    producer = storage.producer
+    return producer is not None and any(not parent.resident for parent in producer.inputs)
 
 
 def _needed_by_held(storage: Storage) -> bool:
@@ -196,8 +200,10 @@ class Engine:
             # simulator): the recompute chain's own cost does not make the inputs look fresher.
             storage.last_access = self.clock
         try:
-            for storage in inputs:
-                if not storage.resident:
+            # The deep ones first (see `_next_missing`): what a shallow one brings back is held (locked) after.
+            missing = sorted((s for s in inputs if not s.resident), key=lambda s: not _has_evicted_parent(s))
+            for storage in missing:
+                if not storage.resident:  # a sibling's recompute may have brought it back
                     self._rematerialize(storage)
             self._make_room(out_bytes)
         except BaseException:
