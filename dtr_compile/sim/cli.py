@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="never evict storages below this fraction of the mean resident size (default 0, as the reference)",
     )
+    parser.add_argument(
+        "--views",
+        choices=("rerun", "free"),
+        default="rerun",
+        help="rerun (default, as the reference): a view used after its storage's eviction is re-run, at its "
+        "logged time; free: a view is only a handle on its storage",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of candidate sampling and the random heuristic")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel processes")
     return parser
@@ -69,7 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sampling = args.sampling if args.sampling in ("all", "sqrt") else _positive_int(args.sampling, "--sampling")
         reference = load_reference(args.reference) if args.reference else None
         jobs = [
-            (log, ratios, ReplayOptions(h, sampling, args.min_evictable_fraction, seed=args.seed))
+            (
+                log,
+                ratios,
+                ReplayOptions(
+                    h, sampling, args.min_evictable_fraction, seed=args.seed, charge_views=args.views == "rerun"
+                ),
+            )
             for log in args.logs
             for h in heuristics
         ]

@@ -1,12 +1,15 @@
 """Replay a parsed operation log through the eviction engine, the same `Engine` the torch runtime uses.
 
 Semantics (those of the DTR authors' simulator, see REFERENCES.md):
-- a name is a handle on a storage; an alias result (ALIAS k) is a new handle on argument k's storage;
+- a name is a handle on a storage; an alias result (ALIAS k) is a new handle on argument k's storage,
+  and a view the storage's eviction discards: it is re-run (a recompute) when used again (views.py);
 - CONSTANT storages are pinned and count against the budget;
 - MUTATE is copy-on-write: each mutated argument gets a new version (a fresh storage of the argument's
   storage size, produced by the mutating op), and the handle moves from the old version to the new one;
-- COPY adds a handle, COPY_FROM moves one, RELEASE drops one (at zero the storage is freed at once);
-- storages still referenced at the end are outputs: they are rematerialized if needed and pinned.
+- COPY adds a handle, COPY_FROM moves one, RELEASE drops one (at zero the storage is freed at once, unless
+  the heuristic retains dead storages an evicted held one needs: Engine's `retain_needed_dead`);
+- storages still referenced at the end are outputs: they are rematerialized if needed and pinned;
+- every storage record lives until the end, so evicted dead storages stay in their neighbours' c(e*).
 The baseline is the same replay with no budget: its peak M and total compute C. A run at ratio r has the
 budget int(r * M); it fails with "thrash" when recompute exceeds C, and "oom" when nothing is evictable.
 """
