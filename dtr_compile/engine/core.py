@@ -143,8 +143,8 @@ class Engine:
         """`thrash_reference_cost`: when the total original compute is known in advance (log replay), the
         thrash guard compares recompute against it instead of against the compute seen so far.
         `keep_dead_intermediates`: storages without handles that a recompute chain brought back stay resident
-        (evictable, first to go under dtr_eq_dead) instead of being freed once used, so the next recompute
-        nearby can reuse them (the DTR simulator's behaviour; the log replay turns it on).
+        (evictable, first to go under dtr_eq_dead and dtr_eq_retain) instead of being freed once used, so the
+        next recompute nearby can reuse them (the DTR simulator's behaviour; the log replay turns it on).
         `retain_needed_dead`: a storage whose last handle dies stays resident (evictable) instead of being freed
         at once while an evicted storage that the caller still holds may need it to be recomputed (see
         `_needed_by_held`); None (the default) follows the heuristic (`retains_needed_dead`)."""
