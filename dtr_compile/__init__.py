@@ -30,9 +30,15 @@ __all__ = [
     "DTRError",
     "LogFormatError",
     "ThrashError",
+    "backend",
+    "bench",
     "config",
     "explain",
-    *_LAZY_SUBMODULES,
+    "kernels",
+    "measure",
+    "passes",
+    "runtime",
+    "sim",
 ]
 
 

@@ -41,9 +41,9 @@ from .passes.meta import cost_of
 from .passes.partition import DTRPartitioner, PlanReport
 from .passes.storage import tensor_nbytes
 from .runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint
-from .runtime.slices import output_slices
 from .runtime.implicit import STEPS
 from .runtime.runtime import current_step
+from .runtime.slices import output_slices
 
 _region_ids = itertools.count()
 

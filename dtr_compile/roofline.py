@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
 PEAK_FLOPS_PER_S = 5e10
@@ -21,16 +21,47 @@ BYTES_PER_S = 1e10
 OVERHEAD_S = 2e-6
 
 
+def _symbolic(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in value.shape)
+
+
 def tensor_bytes(value: Any) -> int:
-    return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
+    """Bytes of a tensor's data. Symbolic sizes count at their hints: converting them to numbers would make
+    TorchDynamo specialize the graph to this one size (a guard), and recompile at every new size."""
+    if not isinstance(value, torch.Tensor):
+        return 0
+    if _symbolic(value):
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+        numel = 1
+        for size in value.shape:
+            numel *= optimization_hint(size, fallback=4096)
+        return int(numel) * value.element_size()
+    return value.numel() * value.element_size()
+
+
+def _at_hints(value: Any) -> Any:
+    """A meta tensor with `value`'s sizes at their hints (a formula can compute on it without guards)."""
+    if not _symbolic(value):
+        return value
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    def hint(size: Any) -> int:
+        return int(optimization_hint(size, fallback=4096))
+
+    return torch.empty_strided([hint(s) for s in value.shape], [hint(s) for s in value.stride()],
+                               dtype=value.dtype, device="meta")
 
 
 def call_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
-    """FLOPs of `func(*args, **kwargs) -> out` by PyTorch's formula; 0 for ops without one."""
+    """FLOPs of `func(*args, **kwargs) -> out` by PyTorch's formula; 0 for ops without one. Symbolic sizes
+    count at their hints (see `tensor_bytes`)."""
     packet = getattr(func, "overloadpacket", None)
     formula = flop_registry.get(packet) if packet is not None else None
     if formula is None:
         return 0
+    if any(_symbolic(x) for x in tree_flatten((args, kwargs, out))[0]):
+        args, kwargs, out = tree_map(_at_hints, (args, kwargs, out))
     try:
         return int(formula(*args, **kwargs, out_val=out))
     except Exception:  # noqa: BLE001 - a formula that rejects these arguments: the op is costed by bytes

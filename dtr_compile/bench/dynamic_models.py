@@ -218,13 +218,16 @@ def _transformer_branch(size: str, batch: int, seq: int, width: int, layers: int
     vocab = 128
     model = BranchingTransformer(vocab, width, heads, layers, max_seq=2 * seq)
 
-    def make(step: int) -> Batch:
+    lengths = (seq, seq - seq // 4, seq + seq // 4, seq - seq // 8)
+
+    def make(step: int) -> Batch:  # the sequence length changes from step to step (dynamic shapes)
         g = _generator(step)
-        ids = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+        ids = torch.randint(0, vocab, (batch, lengths[step % len(lengths)] + 1), generator=g)
         return (ids[:, :-1],), ids[:, 1:]
 
     return DynamicCase("transformer_branch", size, model, make, _token_loss,
-                       f"{layers} blocks, width {width}, seq {seq}, batch {batch}, a branch per block")
+                       f"{layers} blocks, width {width}, seq {min(lengths)}-{max(lengths)}, batch {batch}, "
+                       "a branch per block")
 
 
 def _moe(size: str, batch: int, seq: int, width: int, experts: int, layers: int) -> DynamicCase:
@@ -243,19 +246,26 @@ def _moe(size: str, batch: int, seq: int, width: int, experts: int, layers: int)
 _BUILDERS: dict[str, tuple[Callable[..., DynamicCase], dict[str, dict[str, int]]]] = {
     # "tiny" keeps a step in tens of milliseconds on one CPU thread (tests) with activations, not weights
     # and gradients, making most of the peak, as in the cases rematerialization is for.
+    # "test": the test suite (compiles with the FX code generator in seconds); "tiny": examples; "quick": the
+    # benchmark. Activations, not weights and gradients, make most of each peak, as in the cases
+    # rematerialization is for.
     "treelstm": (_treelstm, {
+        "test": {"batch": 64, "leaves": 16, "hidden": 64},
         "tiny": {"batch": 64, "leaves": 24, "hidden": 64},
         "quick": {"batch": 128, "leaves": 32, "hidden": 128},
     }),
     "lstm": (_lstm, {
+        "test": {"batch": 32, "seq": 16, "hidden": 64, "layers": 2},
         "tiny": {"batch": 32, "seq": 48, "hidden": 64, "layers": 2},
         "quick": {"batch": 64, "seq": 64, "hidden": 128, "layers": 2},
     }),
     "transformer_branch": (_transformer_branch, {
+        "test": {"batch": 16, "seq": 64, "width": 64, "layers": 6, "heads": 4},
         "tiny": {"batch": 16, "seq": 64, "width": 64, "layers": 6, "heads": 4},
         "quick": {"batch": 16, "seq": 128, "width": 128, "layers": 6, "heads": 4},
     }),
     "moe": (_moe, {
+        "test": {"batch": 64, "seq": 64, "width": 64, "experts": 4, "layers": 3},
         "tiny": {"batch": 64, "seq": 64, "width": 64, "experts": 4, "layers": 3},
         "quick": {"batch": 64, "seq": 128, "width": 128, "experts": 4, "layers": 4},
     }),

@@ -18,6 +18,7 @@ from torch import fx
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
+from ..roofline import call_flops
 from .meta import DTR_META_KEY, NodeCost, Phase
 from .storage import StorageMap, is_mutating, tensor_nbytes
 
@@ -143,15 +144,14 @@ def _source_line(node: fx.Node) -> str | None:
 
 
 def _flops(node: fx.Node) -> int:
+    """FLOPs by PyTorch's formula (roofline.call_flops: 0 for symbolic sizes, which the formulas would turn
+    into numbers and so specialize the graph to one size)."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or target.overloadpacket not in flop_registry:
         return 0
     args = tree_map(lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a, node.args)
     kwargs = tree_map(lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a, node.kwargs)
-    try:
-        return int(flop_registry[target.overloadpacket](*args, **kwargs, out_val=node.meta.get("val")))
-    except Exception:  # noqa: BLE001 - a formula that rejects these arguments: cost the node by bytes instead
-        return 0
+    return call_flops(target, args, kwargs, node.meta.get("val"))
 
 
 def _bytes_moved(node: fx.Node) -> int:

@@ -32,6 +32,9 @@ from .storage import StorageKey, StorageMap
 
 Version = int  # 0 = the original computation of a node, k >= 1 = its k-th recomputation
 
+# A plan that runs more than this many times the ops of the original schedule is given up (thrashing).
+_MAX_TRACE_FACTOR = 4
+
 
 @dataclass(frozen=True)
 class Emitted:
@@ -213,6 +216,11 @@ class _Replay:
         self.trace.append(Emitted(node, version, tuple((a, self.version[a]) for a in args)))
         if recompute:
             self.recompute_s += self.cost[node].time_s
+            # A budget the replay can only meet by recomputing the same values over and over (each recompute
+            # evicting what the next one needs) is treated as infeasible: this bounds planning time, which
+            # otherwise grows exponentially along chains, and no such plan would be worth running.
+            if len(self.trace) > _MAX_TRACE_FACTOR * len(self.schedule) + 1000:
+                raise _Infeasible(f"the replay thrashes under this budget (at {node.format_node()})")
         for arg in args:
             self._lock(arg, -1)
         # Free what nobody needs any more: the inputs after their last use, and outputs nobody reads.

@@ -7,6 +7,7 @@ state for random ops. Compiled regions of `torch.compile(backend="dtr")` join th
 single operations (regions.py).
 """
 
+from .implicit import finish_steps, implicit_runtime
 from .runtime import Runtime, RuntimeStats, enable
 
-__all__ = ["Runtime", "RuntimeStats", "enable"]
+__all__ = ["Runtime", "RuntimeStats", "enable", "finish_steps", "implicit_runtime"]

@@ -54,11 +54,9 @@ class Footprint:
         ratio = max((n / e for n, e in zip(numels, self.example_numels) if e > 0), default=1.0)
         return ratio * ratio if ratio > 1.0 else 1.0
 
-    def reserve_bytes(self, flat: Sequence[Any]) -> tuple[int, int]:
-        """(bytes to make room for, of which transient) for a call on `flat`."""
-        factor = self.scale(flat)
-        transient = int(self.transient_bytes * factor)
-        return int(self.new_bytes * factor) + transient, transient
+    def reserve_bytes(self, flat: Sequence[Any]) -> int:
+        """Bytes to make room for before a call on `flat`: its outputs and its transient peak."""
+        return int((self.new_bytes + self.transient_bytes) * self.scale(flat))
 
 
 NO_FOOTPRINT = Footprint(0, 0, ())
@@ -177,7 +175,7 @@ def run_part(rt: Runtime, part: CompiledPart, args: list[Any]) -> list[Any]:
         written = [i for i in part.mutated_inputs if i < len(args) and isinstance(args[i], torch.Tensor)]
         if written:
             inputs.before_writes(rt, args, written, True)
-        need, transient = part.footprint.reserve_bytes(args)
+        need = part.footprint.reserve_bytes(args)
         device = _device_of(args)
         # What the output registration needs of the arguments once the part has freed them: the written ones.
         described = [args[i] if i in written else leaf for i, leaf in enumerate(inputs.leaves)]
@@ -256,20 +254,23 @@ def record_by_slices(
         waiting = []
         for key, k in pending:
             output_slice = part.slices[k]
-            boundary: list[Storage | None] = []
+            leaves: list[Any] = []  # a TensorValue per tensor boundary, the value itself for a symbolic size
+            ready = True
             for kind, j in output_slice.boundaries:
                 if kind == "input":
-                    boundary.append(inputs.leaves[j].storage)
+                    leaves.append(inputs.leaves[j])
+                elif not isinstance(results[j], torch.Tensor):
+                    leaves.append(results[j])
                 else:
-                    boundary.append(by_position.get(j) or _storage_of_result(results[j], storage_of))
-            if any(s is None for s in boundary):
+                    storage = by_position.get(j) or _storage_of_result(results[j], storage_of)
+                    if storage is None:  # an output registered later in this loop
+                        ready = False
+                        break
+                    leaves.append(TensorValue(storage, results[j]))
+            if not ready:
                 waiting.append((key, k))
                 continue
-            leaves = [
-                inputs.leaves[j] if kind == "input" else TensorValue(storage, results[j])
-                for (kind, j), storage in zip(output_slice.boundaries, boundary)
-            ]
-            storages = list(dict.fromkeys(boundary))
+            storages = list(dict.fromkeys(leaf.storage for leaf in leaves if isinstance(leaf, TensorValue)))
             engine.reserve(storages, 0, part.name)  # all resident: locks them for the record
             op = engine.record(f"{part.name}[{k}]", storages, [results[k].untyped_storage().nbytes()],
                                output_slice.estimated_s, payload=SliceRecipe(output_slice, leaves),

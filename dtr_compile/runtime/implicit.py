@@ -11,7 +11,8 @@ a callback on the autograd engine, which ends the step there (tensors that outli
 released, gradients included). The autograd engine runs a backward pass on a copy of the calling thread's
 state and puts the original back when it returns, so the mode and hooks cannot be taken off the stack from
 inside it: they stay there, inert (an inert mode runs every op as it is; inert hooks save tensors as they
-are), and are popped when the next compiled region is called. A forward that raises ends its step at once.
+are), and are popped at the next optimizer step (a global optimizer pre-hook) or compiled call, whichever
+comes first; `finish_steps()` pops them at once. A forward that raises ends its step at once.
 
 Where a step begins matters. TorchDynamo runs a compiled module's forward inside a guard that restores, on
 return, the dispatch keys that were enabled when it was entered: a mode pushed inside (by the first compiled
@@ -33,6 +34,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode
 
 from .. import config
@@ -63,6 +65,10 @@ class ImplicitSteps:
     def prospective_runtime(self) -> Runtime:
         """The Runtime the next implicit step will use, following dtr_compile.config."""
         settings = _runtime_settings()
+        if self.runtime is None:
+            # The optimizer step that follows a backward pass is the first moment, on the training loop's
+            # thread and outside any compiled frame or backward pass, to take an ended step's mode off the stack.
+            register_optimizer_step_pre_hook(self._before_optimizer_step)
         if self.runtime is None or (settings != self._settings and not self.running()):
             self.runtime = Runtime(config.memory_budget)
             self.runtime.on_backward = self.on_backward_part
@@ -132,6 +138,16 @@ class ImplicitSteps:
         return False
 
     @torch.compiler.disable(recursive=True)
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.close_stale()
+
+    def finish(self) -> None:
+        """End a running step (if any) and pop every mode and hook the implicit steps left on this thread."""
+        if self.running():
+            self.runtime.end_step(failed=True)  # type: ignore[union-attr]
+        self.pop_inert()
+
+    @torch.compiler.disable(recursive=True)
     def _before_forward(self, module: torch.nn.Module, args: Any) -> None:
         self.close_stale()
         if self.wanted():
@@ -166,6 +182,13 @@ def _runtime_settings() -> tuple:
 
 
 STEPS = ImplicitSteps()  # process-wide, like the dispatch mode stack it manages
+
+
+def finish_steps() -> None:
+    """End the running implicit step, if any, and take the runtime's dispatch mode and saved-tensor hooks off
+    this thread's stacks (otherwise done at the next optimizer step or compiled call): for code that trains a
+    compiled model without an optimizer and then runs other code."""
+    STEPS.finish()
 
 
 def implicit_runtime() -> Runtime | None:

@@ -9,7 +9,9 @@ the runtime registers each output as an operation whose inputs are the slice's b
 sees the region at the granularity of its saved activations, and a recompute costs only its slice.
 
 A slice that draws random numbers has no slice (None): its values can be reproduced only by rerunning
-the whole part with the RNG state of the first run, which is what the part's own recipe does.
+the whole part with the RNG state of the first run, which is what the part's own recipe does. Neither has
+one whose slice would be long (a value at the end of a chain of intermediates no output cuts): its recompute
+would cost nearly the part, and the slices of a long chain would hold the chain many times over.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from torch.utils._pytree import tree_map
 
 from ..passes.storage import tensor_nbytes
 from ..roofline import estimate_call
+
+# An output whose slice holds more nodes than this is recomputed with the whole part instead.
+MAX_SLICE_NODES = 128
 
 Boundary = tuple[str, int]  # ("input", position among the part's inputs) or ("output", position among its outputs)
 
@@ -70,7 +75,7 @@ def _slice(
         node = stack.pop()
         if node in inside:
             continue
-        if _draws_random_numbers(node):
+        if _draws_random_numbers(node) or len(inside) >= MAX_SLICE_NODES:
             return None
         inside.add(node)
         for arg in node.all_input_nodes:
