@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from kernel_harness import compiled_step, gpt2_blocks
 
-import dtr_compile
-from dtr_compile import config
 from dtr_compile.errors import ConfigError
 from dtr_compile.passes.fuse_recompute import fuse_recomputes
 from dtr_compile.passes.rewrite import RECOMPUTE_META_KEY
@@ -61,21 +57,6 @@ def test_triton_on_cpu_without_the_interpreter_is_a_clear_error(planned, monkeyp
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ConfigError, match="TRITON_INTERPRET=1"):
         _fuse(planned, codegen="fx", mode="triton")
-
-
-def test_config_flag_is_validated(monkeypatch) -> None:
-    assert config.recompute_kernels == "auto"
-    with pytest.raises(ConfigError, match="'auto', 'triton' or 'off'"):
-        config.recompute_kernels = "always"
-    with config.patch(recompute_kernels="off"):
-        assert dtr_compile.config.recompute_kernels == "off"
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real_find_spec(name, *a)
-    )
-    with pytest.raises(ConfigError, match="pip install"):
-        config.patch(recompute_kernels="triton")
-    assert config.recompute_kernels == "auto"
 
 
 def test_kernel_sources_need_no_triton_import(planned) -> None:
