@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 
-if "--smoke" in sys.argv:  # the interpreter must be chosen before anything imports triton
+if "--smoke" in sys.argv or "--structure" in sys.argv:  # the interpreter is chosen before triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch
@@ -37,7 +37,7 @@ from dtr_compile import config
 from dtr_compile.backend import make_backend
 from dtr_compile.measure import measure_peak
 
-KNOB_GRID = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
+KNOB_GRID = tuple(float(k) for k in os.environ.get("KNOBS", "1.0,0.8,0.6,0.5,0.4,0.3,0.2,0.1,0.0").split(","))
 
 
 class Block(nn.Module):
@@ -82,11 +82,12 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def compile_dtr(model: nn.Module, budget: float, codegen: str, kernels: str):
+def compile_dtr(model: nn.Module, budget: float, codegen: str):
+    """backend="dtr" at `budget`; it plans (and fuses) on the first call, under the Way's config patch."""
     backend = make_backend(budget, codegen=codegen)
-    with config.patch(codegen=codegen, recompute_kernels=kernels):
-        compiled = torch.compile(model, backend=backend)
-    return compiled, backend
+    compiled = torch.compile(model, backend=backend)
+    compiled.reports = backend.reports
+    return compiled
 
 
 def compile_knob(model: nn.Module, knob: float):
@@ -130,13 +131,73 @@ class Way:
 
 
 def interleave(ways: list[Way], rounds: int) -> None:
-    for _ in range(rounds):
-        for way in ways:
-            way.timed_round()
+    """Timed rounds, one step of every way per round; a recompile here would be timed, so it is an error."""
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for _ in range(rounds):
+            for way in ways:
+                way.timed_round()
+
+
+def recompute_traffic(graph: torch.fx.Graph) -> tuple[int, int]:
+    """(launches, bytes read + written) of the backward's recomputes: one launch per recompute op that allocates
+    (views launch nothing) or per fused kernel, traffic = its tensor inputs and outputs (counted from the graph)."""
+    from dtr_compile.passes.fuse_recompute import FUSED_META_KEY
+    from dtr_compile.passes.rewrite import RECOMPUTE_META_KEY
+    from dtr_compile.passes.storage import StorageMap, tensor_nbytes
+
+    storages = StorageMap(graph)
+    launches = traffic = 0
+    for node in graph.nodes:
+        if FUSED_META_KEY not in node.meta and RECOMPUTE_META_KEY not in node.meta:
+            continue
+        written = storages.allocated_bytes(node)
+        if written == 0:
+            continue
+        launches += 1
+        traffic += written + sum(tensor_nbytes(a.meta.get("val")) for a in set(node.all_input_nodes))
+    return launches, traffic
+
+
+def structure(args: argparse.Namespace) -> list[str]:
+    """Kernel launches and memory traffic of the recomputes, fused and unfused: counted on the planned graphs of
+    the full-size model (planned on CPU; nothing is timed)."""
+    from dtr_compile.passes.fuse_recompute import fuse_recomputes
+
+    model, x = make_model(args, torch.device("cpu"))
+    with config.patch(codegen="fx", recompute_kernels="off"):
+        compiled = compile_dtr(model, args.budget, "fx")
+        compiled(x)  # plans the region (the forward runs op by op on CPU)
+    report = compiled.reports[-1]
+    fusion = fuse_recomputes(
+        report.planned,
+        num_fwd_outputs=report.num_fwd_outputs,
+        budget_bytes=report.budget_bytes,
+        codegen="fx",
+        mode="triton",
+    )
+    plain_launches, plain_traffic = recompute_traffic(report.planned.graph)
+    fused_launches, fused_traffic = recompute_traffic(fusion.graph.graph)
+    return [
+        f"### Recompute work per backward at budget {args.budget} (counted on the graphs, not timed)",
+        "",
+        "| recompute | launches | bytes read + written | modelled peak |",
+        "|---|---|---|---|",
+        f"| op by op | {plain_launches} | {mib(plain_traffic)} | {mib(report.planned_peak.peak_bytes)} |",
+        f"| fused kernels | {fused_launches} | {mib(fused_traffic)} | {mib(fusion.peak.peak_bytes)} |",
+        (
+            f"| fused / op by op | {fused_launches / plain_launches:.3f} | {fused_traffic / plain_traffic:.3f} | "
+            f"{fusion.peak.peak_bytes / report.planned_peak.peak_bytes:.3f} |"
+        ),
+        "",
+        f"{len(fusion.regions)} regions fused; left as they are: "
+        + ", ".join(sorted({why.split(" for ")[-1] for _, why in fusion.unfused}))
+        + ".",
+        "",
+    ]
 
 
 def mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 10 * 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def main() -> None:
@@ -150,8 +211,14 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.5)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, Triton's interpreter (no timings)")
+    parser.add_argument(
+        "--structure", action="store_true", help="only count recompute launches and traffic (CPU is enough)"
+    )
     parser.add_argument("--out", default="benchmarks/kernels.md")
     args = parser.parse_args()
+    if args.structure:
+        print("\n".join(structure(args)))
+        return
     if args.smoke:
         args.layers, args.dim, args.heads, args.seq, args.batch, args.rounds = 2, 64, 4, 32, 4, 2
         device = torch.device("cpu")
@@ -174,9 +241,32 @@ def main() -> None:
     if args.smoke:
         lines += ["**Smoke run: Triton's interpreter on CPU. The times below mean nothing.**", ""]
 
-    fx_patch = {"codegen": "fx"}
-    fused = Way("dtr fx, kernels", model, x, lambda m: compile_dtr(m, args.budget, "fx", "triton")[0], fx_patch)
-    unfused = Way("dtr fx, op by op", model, x, lambda m: compile_dtr(m, args.budget, "fx", "off")[0], fx_patch)
+    fused = Way(
+        "dtr fx, kernels",
+        model,
+        x,
+        lambda m: compile_dtr(m, args.budget, "fx"),
+        {"codegen": "fx", "recompute_kernels": "triton"},
+    )
+    unfused = Way(
+        "dtr fx, op by op",
+        model,
+        x,
+        lambda m: compile_dtr(m, args.budget, "fx"),
+        {"codegen": "fx", "recompute_kernels": "off"},
+    )
+    fusion = fused.compiled.reports[-1].fusion
+    assert fusion.enabled and fusion.regions, f"the kernels are not on: {fusion.reason}"
+    assert not unfused.compiled.reports[-1].fusion.enabled
+    recomputes = sum(1 for n in fused.compiled.reports[-1].planned.graph.nodes if "dtr_recompute_of" in n.meta)
+    lines += [
+        (
+            f"The plan recomputes {recomputes} nodes (views included); the pass fuses {len(fusion.regions)} regions "
+            f"({sum(len(r.members) for r in fusion.regions)} nodes) and leaves {len(fusion.unfused)} compute nodes "
+            f"(matmuls, transposes, ...) as they are; {fusion.dropouts} dropouts draw from the counter-based RNG."
+        ),
+        "",
+    ]
     interleave([fused, unfused], args.rounds)
     backward_ratio = statistics.median(fused.backward_s) / statistics.median(unfused.backward_s)
     lines += [
@@ -218,8 +308,8 @@ def main() -> None:
             "dtr Inductor (pass steps aside)",
             model,
             x,
-            lambda m: compile_dtr(m, args.budget, "inductor", "auto")[0],
-            {},
+            lambda m: compile_dtr(m, args.budget, "inductor"),
+            {"codegen": "inductor"},
         )
         ways.append(inductor_dtr)
     except Exception as error:  # noqa: BLE001
