@@ -196,6 +196,36 @@ def structure(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def inductor_kernels(args: argparse.Namespace, device: torch.device) -> list[str]:
+    """What Inductor makes of a plan's recomputes: the fused kernels of the backward it generates for
+    `backend="dtr"` at the budget (C++ on CPU, Triton on CUDA; the scheduler's fusion decisions are the same)."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    model, x = make_model(args, device)
+    with config.patch(codegen="inductor"):
+        compiled = compile_dtr(model, args.budget, "inductor")
+        _, codes = run_and_get_code(lambda: compiled(x).sum().backward())
+    report = compiled.reports[-1]
+    recomputes = sum(1 for n in report.planned.graph.nodes if "dtr_recompute_of" in n.meta)
+    backward = codes[-1]
+    kernels = re.findall(r"^(?:cpp|triton)_\w+", backward, re.MULTILINE)
+    kernels = sorted(set(kernels), key=kernels.index)
+    externs = len(re.findall(r"extern_kernels\.\w+\(", backward))
+    return [
+        f"### What Inductor does with the plan's recomputes (budget {args.budget}, {device.type})",
+        "",
+        (
+            f"The plan recomputes {recomputes} nodes; Inductor's backward has {len(kernels)} generated kernels and "
+            f"{externs} library calls (matmuls). Its kernels, named after the ops fused into them:"
+        ),
+        "",
+        *[f"- `{k}`" for k in kernels],
+        "",
+    ]
+
+
 def mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 10 * 2**20 else f"{n / 2**10:.1f} KiB"
 
@@ -214,10 +244,17 @@ def main() -> None:
     parser.add_argument(
         "--structure", action="store_true", help="only count recompute launches and traffic (CPU is enough)"
     )
+    parser.add_argument(
+        "--inductor-kernels", action="store_true", help="only list Inductor's backward kernels for the plan"
+    )
     parser.add_argument("--out", default="benchmarks/kernels.md")
     args = parser.parse_args()
     if args.structure:
         print("\n".join(structure(args)))
+        return
+    if args.inductor_kernels:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        print("\n".join(inductor_kernels(args, device)))
         return
     if args.smoke:
         args.layers, args.dim, args.heads, args.seq, args.batch, args.rounds = 2, 64, 4, 32, 4, 2
@@ -272,12 +309,13 @@ def main() -> None:
     lines += [
         f"### Backward at budget {args.budget}: fused / unfused = {backward_ratio:.3f}",
         "",
-        "| way | measured peak | median forward | median backward |",
-        "|---|---|---|---|",
+        "| way | budget | measured peak | median forward | median backward |",
+        "|---|---|---|---|---|",
     ]
     for way in (fused, unfused):
         forward, backward = statistics.median(way.forward_s), statistics.median(way.backward_s)
-        lines.append(f"| {way.name} | {mib(way.peak)} | {forward * 1e3:.2f} ms | {backward * 1e3:.2f} ms |")
+        budget = mib(way.compiled.reports[-1].budget_bytes)
+        lines.append(f"| {way.name} | {budget} | {mib(way.peak)} | {forward * 1e3:.2f} ms | {backward * 1e3:.2f} ms |")
 
     # PyTorch's knob: the largest setting whose measured peak is within 2% of ours or below; when none gets
     # there, the one with the lowest peak, said so.
@@ -313,7 +351,8 @@ def main() -> None:
         )
         ways.append(inductor_dtr)
     except Exception as error:  # noqa: BLE001
-        first = str(error).strip().splitlines()[-1] if str(error).strip() else ""
+        named = [line for line in str(error).splitlines() if "Error" in line]  # Dynamo wraps the real one
+        first = named[-1] if named else str(error).strip()[:300]
         lines += ["", f"`backend='dtr'` under Inductor at {args.budget} failed: {type(error).__name__}: {first[:300]}"]
     fused.forward_s.clear()
     fused.backward_s.clear()
