@@ -189,7 +189,9 @@ def structure(args: argparse.Namespace) -> list[str]:
             f"{fusion.peak.peak_bytes / report.planned_peak.peak_bytes:.3f} |"
         ),
         "",
-        f"{len(fusion.regions)} regions fused; left as they are: "
+        f"Model: layers {args.layers}, dim {args.dim}, heads {args.heads}, seq {args.seq}, batch {args.batch}, "
+        f"dropout {args.dropout}; budget {mib(report.budget_bytes)} ({args.budget} of the no-remat peak "
+        f"{mib(report.no_remat.peak_bytes)}). {len(fusion.regions)} regions fused; left as they are: "
         + ", ".join(sorted({why.split(" for ")[-1] for _, why in fusion.unfused}))
         + ".",
         "",
