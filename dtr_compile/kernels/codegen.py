@@ -182,7 +182,10 @@ class _Emitter:
             root = self.layout.roots[arg.id]
             dtype = self.program.types[arg.id].dtype
             var = self._fresh("x")
-            self._line(f"{var} = tl.load(in{root} + {offset}, mask={mask}, other=0).to({compute_type(dtype)})")
+            if offset == "0":  # one element for every lane: a scalar load (a block mask needs a block pointer)
+                self._line(f"{var} = tl.load(in{root}).to({compute_type(dtype)})")
+            else:
+                self._line(f"{var} = tl.load(in{root} + {offset}, mask={mask}, other=0).to({compute_type(dtype)})")
             self.loads[key] = var
         return self.loads[key]
 

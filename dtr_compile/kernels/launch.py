@@ -153,7 +153,8 @@ class RecomputeKernel:
         self.program = program
         self.__name__ = label  # FX names the graph's global after it
         self.__qualname__ = label
-        self._by_layout: dict[tuple[tuple[int, ...], ...], Program] = {}
+        # (input strides, device type) -> the compiled kernel for them: the per-call path is one dict lookup.
+        self._compiled: dict[tuple[tuple[tuple[int, ...], ...], str], _Compiled] = {}
 
     def __repr__(self) -> str:
         return f"RecomputeKernel({len(self.program.instrs)} ops, {len(self.program.outputs)} outputs)"
@@ -163,12 +164,15 @@ class RecomputeKernel:
         return generate(self.program, target).text
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        program = self._program_for(inputs)
+        self._check(inputs)
         device = inputs[0].device
-        compiled = compiled_kernel(program, target_for(device))
-        outputs = tuple(
-            torch.empty(program.types[v].shape, dtype=program.types[v].dtype, device=device) for v in program.outputs
-        )
+        key = (tuple(tuple(t.stride()) for t in inputs), device.type)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = compiled_kernel(self._program_for(key[0]), target_for(device))
+            self._compiled[key] = compiled
+        types = self.program.types
+        outputs = tuple(torch.empty(types[v].shape, dtype=types[v].dtype, device=device) for v in self.program.outputs)
         launch = compiled.kernel[(compiled.source.grid,)]
         with torch.profiler.record_function(self.__name__), _quiet_interpreter(device):
             launch(*inputs, *outputs, num_warps=compiled.source.num_warps)
@@ -179,23 +183,24 @@ class RecomputeKernel:
             gc.collect(1)
         return outputs
 
-    def _program_for(self, inputs: Sequence[torch.Tensor]) -> Program:
+    def _check(self, inputs: Sequence[torch.Tensor]) -> None:
         specs = self.program.inputs
         if len(inputs) != len(specs):
             raise TypeError(f"{self!r} takes {len(specs)} tensors, got {len(inputs)}")
-        strides = tuple(tuple(t.stride()) for t in inputs)
         for index, (tensor, spec) in enumerate(zip(inputs, specs, strict=True)):
             if tuple(tensor.shape) != spec.type.shape or tensor.dtype != spec.type.dtype:
                 raise TypeError(
                     f"{self!r}: input {index} is {tuple(tensor.shape)} {tensor.dtype}, expected "
                     f"{spec.type.shape} {spec.type.dtype}"
                 )
+
+    def _program_for(self, strides: tuple[tuple[int, ...], ...]) -> Program:
+        """The program, specialized to the strides the inputs have in memory."""
+        specs = self.program.inputs
         if all(s == spec.stride for s, spec in zip(strides, specs, strict=True)):
             return self.program
-        if strides not in self._by_layout:
-            respecialized = tuple(InputSpec(spec.type, s) for spec, s in zip(specs, strides, strict=True))
-            self._by_layout[strides] = dataclasses.replace(self.program, inputs=respecialized)
-        return self._by_layout[strides]
+        respecialized = tuple(InputSpec(spec.type, s) for spec, s in zip(specs, strides, strict=True))
+        return dataclasses.replace(self.program, inputs=respecialized)
 
 
 def _quiet_interpreter(device: torch.device) -> contextlib.AbstractContextManager:

@@ -124,7 +124,8 @@ class _Builder:
     def program(self, outputs: Sequence[Ref]) -> Program:
         # Inputs come first in the numbering, but `tensor` appends them lazily: renumber so that they do.
         input_ids = [self.input_refs[node].id for node in self.inputs]
-        computed = [i for i in range(len(self.types)) if i not in set(input_ids)]
+        is_input = set(input_ids)
+        computed = [i for i in range(len(self.types)) if i not in is_input]
         new_id = {old: new for new, old in enumerate(input_ids + computed)}
 
         def remap(arg: Arg) -> Arg:

@@ -43,7 +43,9 @@ def dropout_program(x: InputSpec, p: float) -> Program:
     return Program(inputs=(x, seed), instrs=(instr,), types=(x.type, seed.type, out, mask), outputs=(2, 3))
 
 
-def dropout_kernel(shape: tuple[int, ...], dtype: torch.dtype, p: float, stride: tuple[int, ...] | None = None):
+def dropout_kernel(
+    shape: tuple[int, ...], dtype: torch.dtype, p: float, stride: tuple[int, ...] | None = None
+) -> RecomputeKernel:
     """The forward dropout kernel for an input of this shape, dtype and strides."""
     spec = InputSpec(
         TensorType(tuple(shape), dtype), tuple(stride) if stride is not None else contiguous_strides(shape)
