@@ -297,6 +297,14 @@ def _masked_fill(b: _Builder, node: fx.Node) -> Ref:
     return result
 
 
+@_register(aten.native_dropout.default)
+def _aten_dropout(b: _Builder, node: fx.Node) -> Ref:
+    raise UnsupportedRegion(
+        f"{node.format_node()}: aten's native_dropout draws its mask from aten's generator, which no kernel can "
+        "reproduce; with recompute_kernels on, the fusion pass first puts dropouts on the counter-based RNG"
+    )
+
+
 @_register(aten._to_copy.default, torch.ops.prims.convert_element_type.default)
 def _convert(b: _Builder, node: fx.Node) -> Ref:
     out = _out_type(node)
@@ -313,23 +321,25 @@ def _convert(b: _Builder, node: fx.Node) -> Ref:
     return result
 
 
-# Views that keep the elements' row-major order: inside a kernel they are the same register values.
-_ORDER_KEEPING_VIEWS = (
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.squeeze.default,
-    aten.squeeze.dim,
-    aten.squeeze.dims,
-    aten.unsqueeze.default,
-    aten.clone.default,
-    aten.detach.default,
-    aten.alias.default,
-    aten.expand.default,
+# Views that keep the elements' row-major order: inside a kernel they are the same register values. (clone
+# copies in aten, but in a kernel it is the same values too.)
+ORDER_KEEPING_VIEWS = frozenset(
+    {
+        aten.view.default,
+        aten._unsafe_view.default,
+        aten.reshape.default,
+        aten.squeeze.default,
+        aten.squeeze.dim,
+        aten.squeeze.dims,
+        aten.unsqueeze.default,
+        aten.detach.default,
+        aten.alias.default,
+        aten.expand.default,
+    }
 )
 
 
-@_register(*_ORDER_KEEPING_VIEWS)
+@_register(*ORDER_KEEPING_VIEWS, aten.clone.default)
 def _view(b: _Builder, node: fx.Node) -> Ref:
     source = b.tensor(node.args[0], node)
     out = _out_type(node)

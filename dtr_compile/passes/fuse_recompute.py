@@ -38,7 +38,7 @@ from ..errors import ConfigError
 from ..kernels.codegen import generate
 from ..kernels.ir import TensorType, UnsupportedRegion
 from ..kernels.launch import TRITON_MISSING, RecomputeKernel, interpreter_problem, triton_available
-from ..kernels.lower_fx import is_kernel_node, is_supported, lower_nodes
+from ..kernels.lower_fx import ORDER_KEEPING_VIEWS, is_kernel_node, is_supported, lower_nodes
 from ..kernels.rng import draw_seed, dropout_kernel
 from .meta import DTR_META_KEY
 from .peak import PeakModel, schedule_peak
@@ -52,21 +52,7 @@ aten = torch.ops.aten
 _run_and_save = torch._prims.rng_prims.run_and_save_rng_state
 _run_with = torch._prims.rng_prims.run_with_rng_state
 
-_NON_COMPUTE = frozenset(
-    {
-        operator.getitem,
-        aten.view.default,
-        aten._unsafe_view.default,
-        aten.reshape.default,
-        aten.squeeze.default,
-        aten.squeeze.dim,
-        aten.squeeze.dims,
-        aten.unsqueeze.default,
-        aten.detach.default,
-        aten.alias.default,
-        aten.expand.default,
-    }
-)
+_NON_COMPUTE = ORDER_KEEPING_VIEWS | {operator.getitem}  # members that launch nothing and allocate nothing
 
 
 @dataclass(frozen=True)
