@@ -29,8 +29,11 @@ here is needed: the unfused recompute is the default CPU path.
 Dropout: aten's mask cannot be reproduced by a kernel, so with kernels on, dropouts draw from a
 counter-based RNG (`rng.py`): the forward and every recompute compute the same mask from a saved seed.
 
+Without a GPU, `python -m dtr_compile.kernels.aot` compiles generated kernels for a GPU architecture down to a
+cubin (Triton's compiler and ptxas run on the CPU): the GPU code path is checked in CI, its speed is not.
+
 Layers: `ir` (the hashable program), `lower_fx` (FX nodes -> program), `layout` (iteration space and
-indexing), `codegen` (program -> Triton source), `launch` (cache, loading, calling), `rng`, `chain`.
+indexing), `codegen` (program -> Triton source), `launch` (cache, loading, calling), `rng`, `chain`, `aot`.
 Importing this package does not import triton; the first kernel call does.
 """
 

@@ -199,6 +199,8 @@ def _switch_dropouts(graph: fx.Graph) -> int:
             continue
         x, p = found
         val = x.meta["val"]
+        if node.target is _run_and_save and any(u.target is not operator.getitem for u in node.users):
+            continue  # not the (state, outputs) pair emit_plan writes: leave it to aten's RNG replay
         if node.target is _run_with:
             if node.args[0] not in seeds:
                 continue  # its forward was not switched: it keeps aten's RNG replay
@@ -228,11 +230,7 @@ def _switch_dropouts(graph: fx.Graph) -> int:
 
 def _pair_users(pair: fx.Node) -> tuple[fx.Node | None, fx.Node | None]:
     """The (RNG state, op outputs) getitems of a run_and_save_rng_state node."""
-    found: dict[int, fx.Node] = {}
-    for user in pair.users:
-        if user.target is not operator.getitem:
-            raise UnsupportedRegion(f"unexpected user of {pair.format_node()}: {user.format_node()}")
-        found[user.args[1]] = user
+    found = {user.args[1]: user for user in pair.users}
     return found.get(0), found.get(1)
 
 
