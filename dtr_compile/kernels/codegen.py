@@ -237,14 +237,15 @@ class _Emitter:
             raise UnsupportedRegion("dropout of a per-row value")
         if self.layout.numel >= 2**32:
             raise UnsupportedRegion("dropout over 2**32 elements or more (Philox offsets are 32-bit)")
-        x = self.operand(instr.args[0], out_type, "full")
         seed = self._scalar_input(instr.args[1])
         p = float(instr.param("p"))
         keep = f"v{instr.outs[1]}"
         self._line(f"{keep} = tl.rand({seed}, i.to(tl.uint32)) > {literal(p)}")
-        self._line(f"v{instr.outs[0]} = tl.where({keep}, {x} * {literal(1.0 / (1.0 - p))}, 0.0)")
-        self.expr[instr.outs[0]] = f"v{instr.outs[0]}"
         self.expr[instr.outs[1]] = keep
+        if instr.args[0] is not None:  # None: only the mask is read (the program was pruned)
+            x = self.operand(instr.args[0], out_type, "full")
+            self._line(f"v{instr.outs[0]} = tl.where({keep}, {x} * {literal(1.0 / (1.0 - p))}, 0.0)")
+            self.expr[instr.outs[0]] = f"v{instr.outs[0]}"
 
     def _store(self, k: int, value: int) -> None:
         ttype = self.program.types[value]
@@ -290,13 +291,31 @@ def _gelu(e: _Emitter, instr: Instr, a: list[str]) -> str:
     return f"0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))"
 
 
+def _gelu_backward(e: _Emitter, instr: Instr, a: list[str]) -> str:
+    """aten's gelu_backward: grad * d/dx gelu(x), exact (erf) or tanh-approximated."""
+    grad, x = a
+    if instr.param("approximate") == "tanh":
+        e.helpers.add("_tanh")
+        inner, t = e._fresh("gi"), e._fresh("gt")
+        e._line(f"{inner} = 0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})")
+        e._line(f"{t} = _tanh({inner})")
+        slope = (
+            f"0.5 * (1.0 + {t}) + 0.5 * {x} * (1.0 - {t} * {t}) * 0.7978845608028654 * "
+            f"(1.0 + 3.0 * 0.044715 * {x} * {x})"
+        )
+        return f"{grad} * ({slope})"
+    cdf = f"0.5 * (1.0 + tl.erf({x} * 0.7071067811865476))"
+    pdf = f"tl.exp(-0.5 * {x} * {x}) * 0.3989422804014327"
+    return f"{grad} * ({cdf} + {x} * {pdf})"
+
+
 def _tanh(e: _Emitter, instr: Instr, a: list[str]) -> str:
     e.helpers.add("_tanh")
     return f"_tanh({a[0]})"
 
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-_ARITHMETIC = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "where", "neg", "abs"})
+_ARITHMETIC = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "where", "neg", "abs", "gelu_backward"})
 
 _POINTWISE = {
     "neg": lambda e, i, a: f"-{a[0]}",
@@ -311,6 +330,7 @@ _POINTWISE = {
     "rsqrt": lambda e, i, a: f"tl.rsqrt({a[0]})",
     "reciprocal": lambda e, i, a: f"1.0 / {a[0]}",
     "gelu": _gelu,
+    "gelu_backward": _gelu_backward,
     "add": lambda e, i, a: f"{a[0]} + {a[1]}",
     "sub": lambda e, i, a: f"{a[0]} - {a[1]}",
     "mul": lambda e, i, a: f"{a[0]} * {a[1]}",

@@ -9,6 +9,8 @@ input of the region. Supported (float tensors of static shapes):
   clamp, comparisons, where, masked_fill, dtype conversions;
 - reductions over the last dimension: sum, mean, amax; softmax, safe softmax and log-softmax over the
   last dimension; layer norm over the last dimension (outputs, mean and rstd);
+- pointwise backward ops that read recomputed values: dropout's, GELU's, ReLU's (threshold), sigmoid's and
+  tanh's backward (the fusion pass lets them join the region that recomputes what they read);
 - views that keep the row-major order of the elements (view, reshape, squeeze, unsqueeze, expand to the
   same size, clone, detach, alias) and getitem of multi-output members;
 - nodes that already run a generated kernel (`RecomputeKernel`, such as the counter-based dropout the
@@ -121,11 +123,27 @@ class _Builder:
     def type_of(self, ref: Ref) -> TensorType:
         return self.types[ref.id]
 
+    def prune(self, outputs: Sequence[Ref]) -> None:
+        """Drop what the outputs do not need: instructions whose outputs nobody reads, a dropout's input when only
+        its mask is read (the mask needs only the seed), and inputs no instruction reads any more."""
+        live = {o.id for o in outputs}
+        kept: list[Instr] = []
+        for instr in reversed(self.instrs):
+            if not any(o in live for o in instr.outs):
+                continue
+            if instr.op == "dropout" and instr.outs[0] not in live:
+                instr = Instr(instr.op, (None, *instr.args[1:]), instr.params, instr.outs)
+            live.update(a.id for a in instr.args if isinstance(a, Ref))
+            kept.append(instr)
+        self.instrs = kept[::-1]
+        self.inputs = [node for node in self.inputs if self.input_refs[node].id in live]
+        self.specs = [_input_spec(node) for node in self.inputs]
+
     def program(self, outputs: Sequence[Ref]) -> Program:
+        self.prune(outputs)
         # Inputs come first in the numbering, but `tensor` appends them lazily: renumber so that they do.
         input_ids = [self.input_refs[node].id for node in self.inputs]
-        is_input = set(input_ids)
-        computed = [i for i in range(len(self.types)) if i not in is_input]
+        computed = sorted(o for instr in self.instrs for o in instr.outs)
         new_id = {old: new for new, old in enumerate(input_ids + computed)}
 
         def remap(arg: Arg) -> Arg:
@@ -294,6 +312,62 @@ def _masked_fill(b: _Builder, node: fx.Node) -> Ref:
     value = node.args[2]
     args = [b.tensor(node.args[1], node), value, b.tensor(node.args[0], node)]
     (result,) = b.emit("where", args, [_float_out(node)])
+    return result
+
+
+# Backward ops that consume recomputed values pointwise: the fusion pass lets them join the region that
+# recomputes their inputs, so those inputs (a dropout mask, an activation) never reach memory.
+BACKWARD_CONSUMERS = frozenset(
+    {
+        aten.native_dropout_backward.default,
+        aten.threshold_backward.default,
+        aten.gelu_backward.default,
+        aten.sigmoid_backward.default,
+        aten.tanh_backward.default,
+    }
+)
+
+
+@_register(aten.native_dropout_backward.default)
+def _dropout_backward(b: _Builder, node: fx.Node) -> Ref:
+    grad, mask, scale = node.args
+    out = _float_out(node)
+    (keep,) = b.emit("cast", [b.tensor(mask, node)], [out], dtype=out.dtype)
+    (masked,) = b.emit("mul", [b.tensor(grad, node), keep], [out])
+    (result,) = b.emit("mul", [masked, float(scale)], [out])  # aten: grad * mask * scale, in that order
+    return result
+
+
+@_register(aten.threshold_backward.default)
+def _threshold_backward(b: _Builder, node: fx.Node) -> Ref:
+    grad, source, threshold = node.args
+    out = _float_out(node)
+    (below,) = b.emit("le", [b.tensor(source, node), threshold], [TensorType(out.shape, torch.bool)])
+    (result,) = b.emit("where", [below, 0.0, b.tensor(grad, node)], [out])
+    return result
+
+
+@_register(aten.gelu_backward.default)
+def _gelu_backward(b: _Builder, node: fx.Node) -> Ref:
+    approximate = _bind(node)["approximate"]
+    if approximate not in ("none", "tanh"):
+        raise UnsupportedRegion(f"{node.format_node()}: gelu approximate={approximate!r}")
+    args = [b.tensor(node.args[0], node), b.tensor(node.args[1], node)]
+    (result,) = b.emit("gelu_backward", args, [_float_out(node)], approximate=approximate)
+    return result
+
+
+@_register(aten.sigmoid_backward.default, aten.tanh_backward.default)
+def _activation_backward(b: _Builder, node: fx.Node) -> Ref:
+    grad, output = b.tensor(node.args[0], node), b.tensor(node.args[1], node)
+    out = _float_out(node)
+    if node.target is aten.sigmoid_backward.default:  # grad * (1 - y) * y
+        (one_minus,) = b.emit("sub", [1.0, output], [out])
+        (slope,) = b.emit("mul", [one_minus, output], [out])
+    else:  # grad * (1 - y * y)
+        (square,) = b.emit("mul", [output, output], [out])
+        (slope,) = b.emit("sub", [1.0, square], [out])
+    (result,) = b.emit("mul", [grad, slope], [out])
     return result
 
 

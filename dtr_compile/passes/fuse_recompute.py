@@ -38,7 +38,7 @@ from ..errors import ConfigError
 from ..kernels.codegen import generate
 from ..kernels.ir import TensorType, UnsupportedRegion
 from ..kernels.launch import TRITON_MISSING, RecomputeKernel, interpreter_problem, triton_available
-from ..kernels.lower_fx import ORDER_KEEPING_VIEWS, is_kernel_node, is_supported, lower_nodes
+from ..kernels.lower_fx import BACKWARD_CONSUMERS, ORDER_KEEPING_VIEWS, is_kernel_node, is_supported, lower_nodes
 from ..kernels.rng import draw_seed, dropout_kernel
 from .meta import DTR_META_KEY
 from .peak import PeakModel, schedule_peak
@@ -265,13 +265,19 @@ def _fake_empty(like: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) 
 
 
 def _bursts(graph: fx.Graph) -> list[list[fx.Node]]:
-    """Maximal runs of consecutive recompute nodes."""
+    """Maximal runs of consecutive recompute nodes, each with the pointwise backward ops right after it that read
+    them (a dropout's backward reading the recomputed mask): those may join the region, so that what they read
+    from it never reaches memory."""
     bursts: list[list[fx.Node]] = []
     current: list[fx.Node] = []
     for node in graph.nodes:
         if node.op == "call_function" and RECOMPUTE_META_KEY in node.meta:
             current.append(node)
-        elif current:
+            continue
+        if current and node.target in BACKWARD_CONSUMERS and any(a in current for a in node.all_input_nodes):
+            current.append(node)
+            continue
+        if current:
             bursts.append(current)
             current = []
     if current:
@@ -325,13 +331,14 @@ def _group_burst(burst: list[fx.Node]) -> tuple[list[list[fx.Node]], list[tuple[
     for node in burst:
         if node in region_of:
             continue  # a getitem that joined with its multi-output parent
+        recompute = RECOMPUTE_META_KEY in node.meta
         if not is_supported(node):
-            if _is_compute(node):
+            if _is_compute(node) and recompute:
                 unfused.append((node.name, f"no kernel lowering for {node.target}"))
             continue
         unit = _unit(node, position)
         if unit is None:
-            if _is_compute(node):
+            if _is_compute(node) and recompute:
                 unfused.append((node.name, "its outputs are read outside this burst"))
             continue
         sources = sorted({region_of[a] for m in unit for a in m.all_input_nodes if a in region_of})
@@ -353,6 +360,8 @@ def _group_burst(burst: list[fx.Node]) -> tuple[list[list[fx.Node]], list[tuple[
             continue
         if not _is_compute(node):
             continue  # a view of a value no region computes: aten's alias costs nothing
+        if not recompute:
+            continue  # a backward op joins a region that recomputes its inputs, or stays as it is
         why = _try_region(unit, position)
         if why is None:
             for member in unit:
@@ -408,18 +417,29 @@ def _emit_region(graph: fx.Graph, members: list[fx.Node]) -> FusedRegion:
                 result.meta.update(val=produced[k].meta["val"].view(shape), partitioner_tag="is_backward")
             inside = set(members)
             node.replace_all_uses_with(result, delete_user_cb=lambda user, inside=inside: user not in inside)
-            result.meta[RECOMPUTE_META_KEY] = node.meta[RECOMPUTE_META_KEY]
+            if RECOMPUTE_META_KEY in node.meta:  # (an absorbed backward op is no recompute)
+                result.meta[RECOMPUTE_META_KEY] = node.meta[RECOMPUTE_META_KEY]
     for member in reversed(members):
         graph.erase_node(member)
     return record
 
 
 def _unfused_module(members: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node]) -> fx.GraphModule:
+    """The members as a graph of their own, taking the kernel's inputs. A value the kernel does not read (a
+    dropout's input when only its mask is wanted) feeds only outputs nobody reads: zeros stand in for it."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in inputs:
         env[node] = graph.placeholder(node.name)
         env[node].meta = dict(node.meta)
+    inside = set(members)
+    for member in members:
+        for arg in member.all_input_nodes:
+            if arg not in env and arg not in inside:
+                val = arg.meta["val"]
+                env[arg] = graph.call_function(
+                    torch.zeros, (tuple(val.shape),), {"dtype": val.dtype, "device": val.device}
+                )
     for member in members:
         env[member] = graph.node_copy(member, env.__getitem__)
     graph.output(tuple(env[o] for o in outputs))

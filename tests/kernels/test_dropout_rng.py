@@ -48,6 +48,17 @@ def test_recomputed_mask_is_the_forward_mask(p: float) -> None:
     torch.testing.assert_close(recomputed_out, forward_out)
 
 
+def test_a_region_that_needs_only_the_mask_reads_only_the_seed() -> None:
+    scores = torch.randn(4, 8, 8)
+    seed = draw_seed(scores)
+    chain = _softmax_dropout_chain(scores, seed, 0.5)
+    mask_node = chain.outputs[1]
+    mask_only = compile_chain([n for n in mask_node.graph.nodes if n.op == "call_function"], [mask_node])
+    assert [n.name for n in mask_only.inputs] == ["seed"]  # no softmax, no scores: the mask is Philox(seed, i)
+    (mask,) = mask_only(seed)
+    assert torch.equal(mask, chain(scores, seed)[1])
+
+
 def test_dropout_kernel_matches_its_definition() -> None:
     x = torch.randn(64, 1000)
     p = 0.3

@@ -37,6 +37,17 @@ def _op_programs() -> list:
     for fn, *shapes in cases:
         gm = trace(fn, *[torch.randn(s) for s in shapes])
         programs.append(compile_chain(ops(gm), returned(gm)).kernel.program)
+    aten = torch.ops.aten
+    backward = trace(
+        lambda g, x, m: (
+            aten.gelu_backward(g, x, approximate="tanh") + aten.gelu_backward(g, x),
+            aten.native_dropout_backward(g, m, 1.25) + aten.threshold_backward(g, x, 0.0),
+        ),
+        torch.randn(16, 32),
+        torch.randn(16, 32),
+        torch.randn(16, 32) > 0,
+    )
+    programs.append(compile_chain(ops(backward), returned(backward)).kernel.program)
     half = trace(lambda x: (torch.softmax(x.float(), -1).half(), F.gelu(x)), torch.randn(8, 64).half())
     programs.append(compile_chain(ops(half), returned(half)).kernel.program)
     for dtype in (torch.float32, torch.bfloat16):

@@ -162,3 +162,24 @@ def test_what_is_not_one_kernel_is_refused_with_the_node(fn, reason: str) -> Non
     gm = trace(fn, torch.randn(8, 8))
     with pytest.raises(UnsupportedRegion, match=reason):
         compile_chain(ops(gm))
+
+
+def test_backward_ops_that_read_recomputed_values(fresh) -> None:
+    """The pointwise backward ops a region may absorb (so the recomputed value they read never reaches memory)."""
+    grad, x = randn(fresh, 24, 40), randn(fresh, 24, 40)
+    mask = randn(fresh, 24, 40) > 0
+    aten = torch.ops.aten
+
+    def fn(grad, x, mask):
+        y = torch.sigmoid(x)
+        t = torch.tanh(x)
+        return (
+            aten.gelu_backward(grad, x),
+            aten.gelu_backward(grad, x, approximate="tanh"),
+            aten.threshold_backward(grad, torch.relu(x), 0.0),
+            aten.sigmoid_backward(grad, y),
+            aten.tanh_backward(grad, t),
+            aten.native_dropout_backward(grad, mask, 1.25),
+        )
+
+    assert_same(*run_fused_and_unfused(fn, [grad, x, mask]), rtol=1e-5, atol=1e-5)
