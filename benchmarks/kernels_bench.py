@@ -138,9 +138,10 @@ def interleave(ways: list[Way], rounds: int) -> None:
                 way.timed_round()
 
 
-def recompute_traffic(graph: torch.fx.Graph) -> tuple[int, int]:
+def recompute_traffic(graph: torch.fx.Graph, absorbed: frozenset[str] = frozenset()) -> tuple[int, int]:
     """(launches, bytes read + written) of the backward's recomputes: one launch per recompute op that allocates
-    (views launch nothing) or per fused kernel, traffic = its tensor inputs and outputs (counted from the graph)."""
+    (views launch nothing) or per fused kernel, traffic = its tensor inputs and outputs (counted from the graph).
+    `absorbed`: backward ops the kernels took in (a dropout's backward), counted on the op-by-op side too."""
     from dtr_compile.passes.fuse_recompute import FUSED_META_KEY
     from dtr_compile.passes.rewrite import RECOMPUTE_META_KEY
     from dtr_compile.passes.storage import StorageMap, tensor_nbytes
@@ -148,7 +149,7 @@ def recompute_traffic(graph: torch.fx.Graph) -> tuple[int, int]:
     storages = StorageMap(graph)
     launches = traffic = 0
     for node in graph.nodes:
-        if FUSED_META_KEY not in node.meta and RECOMPUTE_META_KEY not in node.meta:
+        if FUSED_META_KEY not in node.meta and RECOMPUTE_META_KEY not in node.meta and node.name not in absorbed:
             continue
         written = storages.allocated_bytes(node)
         if written == 0:
@@ -175,7 +176,14 @@ def structure(args: argparse.Namespace) -> list[str]:
         codegen="fx",
         mode="triton",
     )
-    plain_launches, plain_traffic = recompute_traffic(report.planned.graph)
+    planned = {n.name: n for n in report.planned.graph.nodes}
+    absorbed = frozenset(
+        m
+        for region in fusion.regions
+        for m in region.members
+        if m in planned and "dtr_recompute_of" not in planned[m].meta
+    )
+    plain_launches, plain_traffic = recompute_traffic(report.planned.graph, absorbed)
     fused_launches, fused_traffic = recompute_traffic(fusion.graph.graph)
     return [
         f"### Recompute work per backward at budget {args.budget} (counted on the graphs, not timed)",
@@ -191,7 +199,8 @@ def structure(args: argparse.Namespace) -> list[str]:
         "",
         f"Model: layers {args.layers}, dim {args.dim}, heads {args.heads}, seq {args.seq}, batch {args.batch}, "
         f"dropout {args.dropout}; budget {mib(report.budget_bytes)} ({args.budget} of the no-remat peak "
-        f"{mib(report.no_remat.peak_bytes)}). {len(fusion.regions)} regions fused; left as they are: "
+        f"{mib(report.no_remat.peak_bytes)}). {len(fusion.regions)} regions fused, {len(absorbed)} of them with the "
+        "backward op that reads them (counted on both sides); left as they are: "
         + ", ".join(sorted({why.split(" for ")[-1] for _, why in fusion.unfused}))
         + ".",
         "",
