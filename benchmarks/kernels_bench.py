@@ -91,9 +91,16 @@ def compile_dtr(model: nn.Module, budget: float, codegen: str):
 
 
 def compile_knob(model: nn.Module, knob: float):
-    """Inductor with PyTorch's knob; the knob is read when the graph compiles (on the first call, in Way)."""
-    torch._functorch.config.activation_memory_budget = knob
-    return torch.compile(model, backend="inductor")
+    """Inductor with PyTorch's knob set while the graph compiles. A backend function of its own per knob value:
+    Dynamo shares compiled code between copies of a module when the backends compare equal, and two
+    `backend="inductor"` wrappers do, whatever the knob was when each compiled."""
+    from torch._inductor.compile_fx import compile_fx
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        with torch._functorch.config.patch(activation_memory_budget=knob, enable_autograd_cache=False):
+            return compile_fx(gm, example_inputs)
+
+    return torch.compile(model, backend=backend)
 
 
 class Way:
@@ -341,7 +348,6 @@ def main() -> None:
         knob_ways.append(way)
         if way.peak <= 1.02 * fused.peak:
             break
-    torch._functorch.config.activation_memory_budget = 1.0
     ways = [fused]
     knob_note = "no knob value compiled"
     if knob_ways:
