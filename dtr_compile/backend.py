@@ -3,9 +3,11 @@
     model = torch.compile(model, backend="dtr")   # found through the torch_dynamo_backends entry point
 
 It reads `dtr_compile.config` when Dynamo hands it a graph: `memory_budget` (bytes, fraction of the
-no-remat peak, or None) and `codegen` ("inductor": C++ on CPU, Triton on GPU; "fx": plain FX execution).
-Both code generators run the planned graphs; the FX one frees every value, graph inputs included,
-right after its last use, so that the measured peak is the planned one.
+no-remat peak, or None), `codegen` ("inductor": C++ on CPU, Triton on GPU; "fx": plain FX execution) and
+`compiled_steps`. Each graph becomes a `Region` (region.py): planned under its share of the budget, its
+compiled parts run as operations of the eager runtime inside a training step. Both code generators run
+the planned graphs; the FX one frees every value, graph inputs included, right after its last use, so
+that the measured peak is the planned one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.utils._python_dispatch import _disable_current_modes
 
 from . import config
 from .passes.costs import CostMode
@@ -29,8 +32,14 @@ def dtr_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
         raise TypeError(
             f"backend 'dtr' takes no options {sorted(kwargs)}; set dtr_compile.config.memory_budget / codegen instead"
         )
-    partitioner = DTRPartitioner(config.memory_budget, cost_mode=config.cost_mode)
-    return compile_region(gm, example_inputs, partitioner, codegen=config.codegen)
+    from .region import Region
+
+    return Region(gm, example_inputs)
+
+
+# wrap(a part's graph, "forward" | "backward" | "inference"), called before the part is compiled (a code
+# generator may rewrite the graph), returns finish(compiled part) -> what AOTAutograd calls instead.
+PartWrapper = Callable[[fx.GraphModule, str], Callable[[Any], Any]]
 
 
 def compile_region(
@@ -39,20 +48,39 @@ def compile_region(
     partitioner: DTRPartitioner,
     *,
     codegen: str = "inductor",
+    wrap: PartWrapper | None = None,
 ) -> Callable[..., Any]:
-    """Compile one Dynamo region with `partitioner` as AOTAutograd's partition function."""
+    """Compile one Dynamo region with `partitioner` as AOTAutograd's partition function.
+
+    `wrap`, if given, receives every compiled part (region.py makes them operations of the eager runtime)."""
     if codegen == "fx":
         from torch._dynamo.backends.common import aot_autograd
 
+        def compiler(phase: str) -> Callable[[fx.GraphModule, Sequence[Any]], Any]:
+            def compile_part(part: fx.GraphModule, inputs: Sequence[Any]) -> Any:
+                finish = wrap(part, phase) if wrap is not None else None
+                compiled = _boxed_fx(part, inputs)
+                return finish(compiled) if finish is not None else compiled
+
+            return compile_part
+
         return aot_autograd(
-            fw_compiler=_boxed_fx,
-            bw_compiler=_boxed_fx,
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
             partition_fn=partitioner,
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
     if codegen == "inductor":
         from torch._inductor import config as inductor_config
-        from torch._inductor.compile_fx import compile_fx
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        def inner_compile(part: fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
+            phase = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
+            finish = wrap(part, phase) if wrap is not None else None
+            with _disable_current_modes():  # a backward compiled lazily runs inside a step's backward pass
+                compiled = compile_fx_inner(part, inputs, **kwargs)
+            return finish(compiled) if finish is not None else compiled
 
         # Our plan must reach Inductor unchanged: its own partitioner is replaced by ours, and the
         # AOTAutograd cache is bypassed so that every compile plans (and reports) afresh.
@@ -60,7 +88,7 @@ def compile_region(
             inductor_config.patch(custom_partitioner_fn=partitioner),
             torch._functorch.config.patch(enable_autograd_cache=False),
         ):
-            return compile_fx(gm, example_inputs)
+            return compile_fx(gm, example_inputs, inner_compile=inner_compile)
     raise ValueError(f"codegen={codegen!r}; expected 'inductor' or 'fx'")
 
 

@@ -34,10 +34,15 @@ Budget = int | float | None
 memory_budget: Budget = None
 
 # Eviction heuristic of the online runtime (see dtr_compile.engine.heuristics for the formulas).
-# "dtr_eq_dead" is h_DTR with union-find equivalence classes (as good as the full neighbourhood, much cheaper)
-# that first evicts storages no handle refers to any more; on the DTR authors' logs it matches or beats
-# h_DTR_eq at every budget ratio but one (benchmarks/sim.md). "dtr_eq" is the paper's heuristic.
-heuristic: str = "dtr_eq_dead"
+# "dtr_eq_retain" is h_DTR with union-find equivalence classes (as good as the full neighbourhood, much
+# cheaper) that first evicts storages no handle refers to any more, but keeps such a dead storage (evictable)
+# while an evicted storage the program still holds needs it to be recomputed, instead of freeing it when its
+# last handle dies. Why: freeing it can turn one cheap recompute into a chain back through the whole step
+# (89% of the step's compute on ResNet-32 at 0.2 x peak). On the DTR authors' logs it matches or beats the
+# authors' h_DTR_eq at every budget ratio where theirs succeeds, and succeeds where theirs fails on LSTM
+# (0.1) and InceptionV4 (0.2) (benchmarks/sim.md). "dtr_eq" is the paper's heuristic, "dtr_eq_dead" the
+# previous default (no retention).
+heuristic: str = "dtr_eq_retain"
 
 # How many eviction candidates to score per eviction: "sqrt" samples sqrt(n) of the n candidates
 # (the DTR prototype's trick, keeps search time low), "all" scores every candidate, an int samples that many.
@@ -61,8 +66,10 @@ random_seed: int = 0
 # execution of the planned graphs; no compile cost, useful for debugging and tests).
 codegen: Literal["inductor", "fx"] = "inductor"
 
-# How the compiled path costs graph nodes: "estimate" (a roofline from FLOPs and bytes moved) or "measure"
-# (time each node once on real tensors of its shapes; cached per op and shapes for the process).
+# How ops are costed, for the compiled path's planner and the runtime's eviction policy: "estimate" (a
+# roofline from FLOPs and bytes moved: the same on every run, so choices are reproducible) or "measure"
+# (the compiled path times each node once on real tensors of its shapes, cached per op and shapes for the
+# process; the runtime charges each call signature the fastest wall time it has seen).
 cost_mode: Literal["estimate", "measure"] = "estimate"
 
 # Fused recompute kernels (dtr_compile.kernels): one Triton kernel per region of recomputed pointwise ops,
@@ -72,6 +79,14 @@ cost_mode: Literal["estimate", "measure"] = "estimate"
 # forces them with codegen="fx", CPU included (CPU tensors need TRITON_INTERPRET=1: slow, for tests). "off"
 # never uses them. With kernels on, dropout draws from a counter-based RNG keyed by a saved seed.
 recompute_kernels: Literal["auto", "triton", "off"] = "auto"
+
+# How a training step of a `torch.compile(backend="dtr")` model is managed. "runtime": the whole step runs
+# under the eager DTR runtime (started by the first compiled region, ended with the backward pass): the
+# eager code between compiled regions (graph breaks, data-dependent control flow) is managed online, and
+# the regions join the runtime as operations, so one budget covers the whole step. "plan_only": each
+# compiled region follows its own static plan, planned alone against the budget; code between regions is
+# not managed (no per-op overhead outside the regions, but nothing bounds what it allocates).
+compiled_steps: Literal["runtime", "plan_only"] = "runtime"
 
 # ------------------------------------------------------------------------------------------ validation
 
@@ -171,6 +186,12 @@ def _check_codegen(value: Any) -> str:
     raise ConfigError(f"codegen={value!r}; expected 'inductor' or 'fx'")
 
 
+def _check_compiled_steps(value: Any) -> str:
+    if value in ("runtime", "plan_only"):
+        return value
+    raise ConfigError(f"compiled_steps={value!r}; expected 'runtime' or 'plan_only'")
+
+
 def _check_cost_mode(value: Any) -> str:
     if value in ("estimate", "measure"):
         return value
@@ -201,6 +222,7 @@ _VALIDATORS = {
     "codegen": _check_codegen,
     "cost_mode": _check_cost_mode,
     "recompute_kernels": _check_recompute_kernels,
+    "compiled_steps": _check_compiled_steps,
 }
 
 

@@ -297,7 +297,15 @@ def test_snapshot_lists_every_flag() -> None:
         "codegen",
         "cost_mode",
         "recompute_kernels",
+        "compiled_steps",
     }
+
+
+def test_compiled_steps_accepts_its_two_modes_only() -> None:
+    with config.patch(compiled_steps="plan_only"):
+        assert config.compiled_steps == "plan_only"
+    with pytest.raises(ConfigError, match="'runtime' or 'plan_only'"):
+        config.compiled_steps = "eager"
 
 
 @pytest.mark.parametrize(

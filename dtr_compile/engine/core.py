@@ -45,6 +45,43 @@ class _Frame:
         self.first_visit = True
 
 
+def _next_missing(op: Operation, frame: _Frame) -> Storage | None:
+    """The evicted input of `op` to recompute next, or None when all are resident or taken care of.
+
+    The first one whose own recompute needs further recomputes (the deep branch first, as in Sethi-Ullman
+    register allocation, so that what a shallow branch brings back is not held through the deep one), else
+    the first evicted input."""
+    first: Storage | None = None
+    for position, storage in enumerate(op.inputs):
+        if position in frame.locked or storage.resident:
+            continue
+        if _has_evicted_parent(storage):
+            return storage
+        if first is None:
+            first = storage
+    return first
+
+
+def _has_evicted_parent(storage: Storage) -> bool:
+    producer = storage.producer
+    return producer is not None and any(not parent.resident for parent in producer.inputs)
+
+
+def _needed_by_held(storage: Storage) -> bool:
+    """Whether an evicted storage the caller still holds may need `storage` to be recomputed.
+
+    True when an evicted child of `storage` belongs to an equivalence class with a held member (EqClass.live).
+    Classes join evicted storages along evicted paths in both directions and never split, so this may say
+    True for a storage that is no longer needed (it then stays until the heuristic evicts it), but it says
+    False only when no evicted path leads from `storage` down to a held storage.
+    """
+    for op in storage.consumers:
+        for child in op.outputs:
+            if not child.resident and child.eq is not None and child.eq.root().live > 0:
+                return True
+    return False
+
+
 class Executor(Protocol):
     """What the engine asks of its caller."""
 
@@ -101,14 +138,21 @@ class Engine:
         seed: int = 0,
         executor: Executor | None = None,
         keep_dead_intermediates: bool = False,
+        retain_needed_dead: bool | None = None,
     ) -> None:
         """`thrash_reference_cost`: when the total original compute is known in advance (log replay), the
         thrash guard compares recompute against it instead of against the compute seen so far.
         `keep_dead_intermediates`: storages without handles that a recompute chain brought back stay resident
-        (evictable, first to go under dtr_eq_dead) instead of being freed once used, so the next recompute
-        nearby can reuse them (the DTR simulator's behaviour; the log replay turns it on)."""
+        (evictable, first to go under dtr_eq_dead and dtr_eq_retain) instead of being freed once used, so the
+        next recompute nearby can reuse them (the DTR simulator's behaviour; the log replay turns it on).
+        `retain_needed_dead`: a storage whose last handle dies stays resident (evictable) instead of being freed
+        at once while an evicted storage that the caller still holds may need it to be recomputed (see
+        `_needed_by_held`); None (the default) follows the heuristic (`retains_needed_dead`)."""
         self.budget_bytes = budget_bytes
         self.heuristic: Heuristic = get_heuristic(heuristic) if isinstance(heuristic, str) else heuristic
+        if retain_needed_dead is None:
+            retain_needed_dead = bool(getattr(self.heuristic, "retains_needed_dead", False))
+        self.retain_needed_dead = retain_needed_dead
         self.candidate_sampling = candidate_sampling
         self.min_evictable_fraction = min_evictable_fraction
         self.min_evictable_bytes = min_evictable_bytes
@@ -133,6 +177,7 @@ class Engine:
         self._held: dict[int, Storage] = {}
         self._resident_count = 0  # counted resident storages, for the mean size of min_evictable_fraction
         self._current_op = ""  # name of the op being prepared, for error messages
+        self._ticks = 0  # for Storage.evictable_since
 
     # ------------------------------------------------------------------------------------ creation
 
@@ -151,12 +196,15 @@ class Engine:
         self._current_op = name
         for storage in inputs:
             storage.locks += 1
+            # Accessed when the operation is requested, before any recompute it triggers (as in the DTR
+            # simulator): the recompute chain's own cost does not make the inputs look fresher.
+            storage.last_access = self.clock
         try:
-            for storage in inputs:
-                if not storage.resident:
+            # The deep ones first (see `_next_missing`): what a shallow one brings back is held (locked) after.
+            missing = sorted((s for s in inputs if not s.resident), key=lambda s: not _has_evicted_parent(s))
+            for storage in missing:
+                if not storage.resident:  # a sibling's recompute may have brought it back
                     self._rematerialize(storage)
-            for storage in inputs:
-                storage.last_access = self.clock
             self._make_room(out_bytes)
         except BaseException:
             for storage in inputs:
@@ -210,15 +258,20 @@ class Engine:
     def add_handle(self, storage: Storage) -> None:
         if storage.handles <= 0:
             self._held[storage.sid] = storage
+            if storage.handles == 0 and storage.eq is not None:  # an evicted storage is held again
+                storage.eq.root().live += 1
         storage.handles += 1
 
     def drop_handle(self, storage: Storage) -> None:
-        """A caller's reference died; at zero the memory is freed at once (its record stays for remat)."""
+        """A caller's reference died; at zero the memory is freed at once (its record stays for remat),
+        unless `retain_needed_dead` keeps it for the recompute of an evicted storage that is still held."""
         storage.handles -= 1
         if storage.handles <= 0:
             self._held.pop(storage.sid, None)
-            if storage.resident and not storage.pinned and storage.locks == 0:
-                self._evict(storage, eager=True)
+            if storage.handles == 0 and storage.eq is not None:
+                storage.eq.root().live -= 1
+            if storage.locks == 0:
+                self._free_if_dead(storage)
 
     def pin(self, storage: Storage) -> None:
         """Never evict `storage` again (e.g. an output that must survive the step)."""
@@ -237,8 +290,11 @@ class Engine:
 
     def release(self, storage: Storage) -> None:
         """The caller took this storage's bytes out of the engine's hands (e.g. a gradient handed to the
-        user at the end of a step): stop counting them. The record stays, evicted, for recomputes."""
+        user at the end of a step): stop counting them and its handles. The record stays, evicted, for
+        recomputes, as long as an operation that may need it does."""
         storage.pinned = False
+        storage.handles = 0
+        self._held.pop(storage.sid, None)
         if storage.resident:
             self._mark_evicted(storage)
             self.executor.evict(storage)
@@ -248,6 +304,15 @@ class Engine:
         if storage.pinned or storage.locks or not storage.resident or storage.producer is None:
             raise ValueError(f"cannot evict {storage!r}: pinned, locked, already evicted or a constant")
         self._evict(storage, eager=False)
+
+    def charge_recompute(self, cost: float, name: str = "recompute") -> None:
+        """Count a recompute the caller ran itself on resident storages (the log replay re-running a view op
+        whose storage was evicted since the view was made): it advances the clock, adds to the recompute cost
+        and can trip the thrash guard (ThrashError)."""
+        self.clock += cost
+        self.remat_cost += cost
+        self.remats += 1
+        self._check_thrash(name)
 
     def materialize(self, storage: Storage) -> None:
         """Make `storage` resident (recomputing it if needed) without running a new operation."""
@@ -280,7 +345,10 @@ class Engine:
     def _allocate(self, storage: Storage) -> None:
         storage.resident = True
         if storage.eq is not None:  # coming back from eviction: its class no longer pays for it
-            storage.eq.root().cost -= storage.cost
+            root = storage.eq.root()
+            root.cost -= storage.cost
+            if storage.handles > 0:
+                root.live -= 1
             storage.eq = None
         if storage.counted:
             self.memory += storage.nbytes
@@ -289,6 +357,7 @@ class Engine:
         # Evicting an empty storage frees nothing (and every heuristic divides by its size): never a candidate.
         if not storage.pinned and storage.counted and storage.producer is not None and storage.nbytes > 0:
             self.pool.add(storage)
+            self._became_evictable(storage)
 
     def _mark_evicted(self, storage: Storage) -> None:
         """Bookkeeping of an eviction; the caller of this decides whether memory is freed."""
@@ -297,7 +366,7 @@ class Engine:
         if storage.counted:
             self.memory -= storage.nbytes
             self._resident_count -= 1
-        storage.eq = EqClass(storage.cost)
+        storage.eq = EqClass(storage.cost, live=1 if storage.handles > 0 else 0)
         for neighbour in evicted_neighbours(storage):
             if neighbour.eq is not None:
                 storage.eq.union(neighbour.eq)
@@ -332,7 +401,7 @@ class Engine:
             best, best_score = candidates[0], math.inf
             for storage in candidates:
                 value = score(storage, clock, rng)
-                if value < best_score:
+                if value < best_score or (value == best_score and storage.evictable_since > best.evictable_since):
                     best, best_score = storage, value
                     if value <= 0.0:  # no heuristic scores below 0: nothing can beat a free eviction
                         break
@@ -360,9 +429,9 @@ class Engine:
         """Recompute `target`, first recomputing whatever evicted inputs its producer needs.
 
         Iterative (an explicit stack) because chains of evicted storages can be thousands long. A frame
-        locks only the inputs that are resident, and recomputes its missing inputs one at a time, locking
-        each as soon as it is back: along a chain t0 -> t1 -> ... -> tk only about two storages are locked
-        at any moment, instead of the whole chain (which would make tight budgets fail needlessly).
+        recomputes its missing inputs one at a time, deepest first, keeping each locked once it is back, and
+        locks its resident inputs only when none is missing: along a chain t0 -> t1 -> ... -> tk only a few
+        storages are locked at any moment, instead of the whole chain (which would make tight budgets fail).
         """
         stack = [_Frame(self._producer_of(target))]
         try:
@@ -384,32 +453,40 @@ class Engine:
                 if not any(out.locks and not out.resident for out in op.outputs):
                     stack.pop()
                     continue
-            missing: Storage | None = None
-            for position, storage in enumerate(op.inputs):
-                if position in frame.locked:
-                    continue
-                if storage.resident:
-                    storage.locks += 1
-                    frame.locked.add(position)
-                elif missing is None or storage.producer is missing.producer:
-                    missing = missing or storage
-                    # Locked before it is back (an evicted storage holds no memory): otherwise a dead
-                    # intermediate would be freed again as a by-product of its own recompute, and looped on.
-                    # Siblings from the same producer too: one rerun brings them all back, and an unlocked dead
-                    # sibling would be freed again and recomputed once more (2^depth reruns along a chain of
-                    # multi-output ops that each read both outputs of the previous one).
-                    storage.locks += 1
-                    frame.locked.add(position)
+                for storage in op.inputs:  # accessed when the recompute is requested, as in `reserve`
+                    storage.last_access = self.clock
+            missing = _next_missing(op, frame)
             if missing is not None:
+                for position, storage in enumerate(op.inputs):
+                    if position not in frame.locked and storage.producer is missing.producer and not storage.resident:
+                        # Locked before it is back (an evicted storage holds no memory): otherwise a dead
+                        # intermediate would be freed again as a by-product of its own recompute, and looped on.
+                        # Siblings from the same producer too: one rerun brings them all back, and an unlocked
+                        # dead sibling would be freed again and recomputed once more (2^depth reruns along a
+                        # chain of multi-output ops that each read both outputs of the previous one).
+                        storage.locks += 1
+                        frame.locked.add(position)
+                # The resident inputs stay unlocked while a missing one is recomputed: along a chain whose ops
+                # also read a resident storage each (an LSTM step reads h[t-1] and the input projection of step
+                # t), locking those at every level would hold the whole chain's worth at once. One evicted
+                # meanwhile is simply missing at the next visit; every visit locks at least one more input for
+                # good, so a frame is visited at most once per input.
                 stack.append(_Frame(self._producer_of(missing)))
                 continue
+            for position, storage in enumerate(op.inputs):  # all resident now: lock them for the rerun
+                if position not in frame.locked:
+                    storage.locks += 1
+                    frame.locked.add(position)
             stack.pop()
             try:
                 self._rerun(op)
             finally:
                 for position in frame.locked:
                     if self.keep_dead_intermediates:  # stays resident until the heuristic evicts it
-                        op.inputs[position].locks -= 1
+                        storage = op.inputs[position]
+                        storage.locks -= 1
+                        if storage.locks == 0:
+                            self._became_evictable(storage)
                     else:
                         self._unlock(op.inputs[position])
 
@@ -425,32 +502,44 @@ class Engine:
         finally:
             for out in resident:
                 self._unlock(out)
-        for storage in op.inputs:
-            storage.last_access = self.clock
-        for out in missing:
+        for out in missing:  # their last access stays when they were asked for (see `reserve`)
             self._allocate(out)
-            out.last_access = self.clock + op.cost
         self.clock += op.cost
         self.remat_cost += op.cost
         self.remats += 1
         # Outputs whose every handle died were recomputed only as by-products: free them again.
         for out in missing:
-            if out.handles <= 0 and not out.locks and not out.pinned:
-                self._evict(out, eager=True)
-        self._check_thrash(op)  # last: a ThrashError must not leave freed-again by-products resident
+            if not out.locks:
+                self._free_if_dead(out)
+        self._check_thrash(op.name)  # last: a ThrashError must not leave freed-again by-products resident
 
     def _unlock(self, storage: Storage) -> None:
         storage.locks -= 1
         # A handle that died while its storage was locked (in use by a running op) frees it now.
-        if storage.locks == 0 and storage.handles <= 0 and storage.resident and not storage.pinned:
-            self._evict(storage, eager=True)
+        if storage.locks == 0:
+            self._became_evictable(storage)
+            self._free_if_dead(storage)
+
+    def _became_evictable(self, storage: Storage) -> None:
+        """Stamp the order in which storages become candidates: ties between equal scores go to the storage
+        that became evictable last, as in the DTR simulator (whose candidate list is in that order)."""
+        self._ticks += 1
+        storage.evictable_since = self._ticks
+
+    def _free_if_dead(self, storage: Storage) -> None:
+        """Free an unlocked storage that no handle holds, unless it is pinned or retained (`retain_needed_dead`)."""
+        if storage.handles > 0 or not storage.resident or storage.pinned:
+            return
+        if self.retain_needed_dead and _needed_by_held(storage):
+            return  # stays resident and evictable: the heuristic decides when its memory is worth more
+        self._evict(storage, eager=True)
 
     def _producer_of(self, storage: Storage) -> Operation:
         if storage.producer is None:
             raise AssertionError(f"{storage!r} is a constant and cannot have been evicted")
         return storage.producer
 
-    def _check_thrash(self, op: Operation) -> None:
+    def _check_thrash(self, recomputed: str) -> None:
         if self.thrash_limit is None:
             return
         if self.thrash_reference_cost is not None:
@@ -461,7 +550,7 @@ class Engine:
             reference = self.compute_cost
         if self.remat_cost > self.thrash_limit * reference:
             raise ThrashError(
-                f"thrashing while running {self._current_op!r} (recomputing {op.name!r}): recompute cost "
+                f"thrashing while running {self._current_op!r} (recomputing {recomputed!r}): recompute cost "
                 f"{self.remat_cost:.4g} exceeds {self.thrash_limit:g} x the original compute {reference:.4g} "
                 f"under a budget of {format_bytes(self.budget_bytes)}. Raise memory_budget, or raise "
                 f"dtr_compile.config.thrash_limit (None disables the guard)."

@@ -15,13 +15,16 @@ class EqClass:
 
     Classes are merged when a storage is evicted next to evicted neighbours and their cost is reduced
     when a member is rematerialized; they are never split (the DTR paper's approximation).
+    `live` counts the evicted members that the caller still holds (handles > 0): a class without any is a
+    region of dead storages that nothing will ask for, unless a later eviction joins it to a live one.
     """
 
-    __slots__ = ("cost", "parent")
+    __slots__ = ("cost", "live", "parent")
 
-    def __init__(self, cost: float) -> None:
+    def __init__(self, cost: float, live: int = 0) -> None:
         self.parent: EqClass = self
         self.cost = cost
+        self.live = live
 
     def root(self) -> EqClass:
         node = self
@@ -36,6 +39,7 @@ class EqClass:
             return a
         b.parent = a
         a.cost += b.cost
+        a.live += b.live
         return a
 
 
@@ -50,8 +54,10 @@ class Storage:
     __slots__ = (
         "__weakref__",
         "_consumer_refs",
+        "alias_cost",
         "counted",
         "eq",
+        "evictable_since",
         "handles",
         "last_access",
         "locks",
@@ -83,6 +89,10 @@ class Storage:
         self.pool_index = -1
         self.payload: Any = None
         self.meta: Any = None  # free for a caller or a heuristic (e.g. the next-use times of a planned schedule)
+        # Cost of the view ops a caller ran on this storage, when it charges views as the DTR simulator does
+        # (a view is re-run when used after its storage was evicted, so views make a storage costlier to evict).
+        self.alias_cost = 0.0
+        self.evictable_since = 0  # engine tick when it last became evictable (allocated, or its last lock released)
 
     @property
     def consumers(self) -> list[Operation]:
@@ -97,8 +107,8 @@ class Storage:
 
     @property
     def cost(self) -> float:
-        """Compute cost of recreating this storage alone (its producer's cost; 0 for constants)."""
-        return self.producer.cost if self.producer is not None else 0.0
+        """Compute cost of recreating this storage alone: its producer's cost, plus `alias_cost` (0 for constants)."""
+        return self.producer.cost + self.alias_cost if self.producer is not None else 0.0
 
     @property
     def evicted(self) -> bool:

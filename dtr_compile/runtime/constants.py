@@ -11,13 +11,14 @@ value is snapshotted first and those ops are pointed at the snapshot; otherwise 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
 from ..engine import Engine, Operation, Storage
-from .values import Buffer, TensorValue, buffer
+from ..errors import DTRError
+from .values import Buffer, TensorValue, buffer, storage_key
 
 # How far the liveness search below walks before it assumes the old value is needed (and snapshots).
 _LIVENESS_SEARCH_LIMIT = 256
@@ -38,8 +39,10 @@ class ConstantEntry:
 class ConstantRegistry:
     """Maps outside tensors to pinned engine storages, keyed by the address of their storage."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, pin_tensor: Callable[[torch.Tensor], None]) -> None:
+        """`pin_tensor`: makes the runtime never evict a tensor it manages (used for accumulated gradients)."""
         self.engine = engine
+        self.pin_tensor = pin_tensor
         self._entries: dict[int, ConstantEntry] = {}
         self.snapshot_bytes = 0
         self._grad_hooks: dict[int, Any] = {}  # id(leaf) -> hook handle, removed when the step ends
@@ -52,13 +55,12 @@ class ConstantRegistry:
         """
         if id(tensor) in self._grad_hooks or not tensor.requires_grad or not tensor.is_leaf:
             return
-        engine = self.engine
+        pin_tensor = self.pin_tensor
 
+        @torch.compiler.disable(recursive=True)
         def pin_gradient(leaf: torch.Tensor) -> None:
-            grad = leaf.grad
-            cell = getattr(grad, "_cell", None)
-            if cell is not None:
-                engine.pin(cell.value.storage)
+            if leaf.grad is not None:
+                pin_tensor(leaf.grad)
 
         self._grad_hooks[id(tensor)] = tensor.register_post_accumulate_grad_hook(pin_gradient)
 
@@ -68,10 +70,10 @@ class ConstantRegistry:
         self._grad_hooks.clear()
 
     def value_of(self, tensor: torch.Tensor) -> TensorValue:
-        untyped = tensor.untyped_storage()
-        entry = self._entries.get(untyped.data_ptr())
-        if entry is None or entry.tensor() is None or entry.storage.nbytes != untyped.nbytes():
-            entry = self._register(tensor, untyped)
+        key = storage_key(tensor)
+        entry = self._entries.get(key)
+        if entry is None or entry.tensor() is None:
+            entry = self._register(tensor, key)
         if tensor.requires_grad:
             self.watch_gradient(tensor)
         cached = entry.values.get(id(tensor))
@@ -84,7 +86,8 @@ class ConstantRegistry:
         return value
 
     def entry_of(self, storage: Storage) -> ConstantEntry | None:
-        entry = self._entries.get(_address(storage))
+        untyped = buffer(storage).untyped
+        entry = self._entries.get(untyped._cdata) if untyped is not None else None
         return entry if entry is not None and entry.storage is storage else None
 
     def note_consumer(self, storage: Storage, op: Operation) -> None:
@@ -102,8 +105,9 @@ class ConstantRegistry:
         """`storage` (a constant) is about to be mutated in place: keep its old value where needed.
 
         `op_has_fresh_outputs`: the mutating op itself produces outputs it may have to recompute.
-        Returns the snapshot's storage, or None when no recorded op can need the old value. With a
-        snapshot, every value recorded so far reads it; ask `value_of` again for the live tensor.
+        Returns the storage of the old value, or None when no recorded op can need it. With a snapshot, the
+        record every recorded op reads becomes the snapshot and the live tensor gets a new record: ask
+        `value_of` again for it.
         """
         entry = self.entry_of(storage)
         if entry is None:
@@ -113,39 +117,38 @@ class ConstantRegistry:
         old = buffer(storage)
         snapshot = old.untyped.clone()  # type: ignore[union-attr]
         self.snapshot_bytes += snapshot.nbytes()
-        # Recorded values now read the snapshot; live handles get fresh values on the mutated tensor.
-        frozen = self._pinned(storage.nbytes, Buffer(snapshot, old.device))
-        for value in old.values.items():
-            value.storage = frozen
-            value.plain = None
-            buffer(frozen).values.add(value)
-        old.values.clear()
+        live = old.untyped
+        storage.payload = Buffer(snapshot, old.device, shared=False)  # what recorded ops read from now on
+        entry.storage = self._pinned(storage.nbytes, Buffer(live, old.device, shared=True))
+        entry.consumers = weakref.WeakSet()
         entry.values.clear()
-        for cell in old.cells.items():
-            cell.value = cell.value.retarget(storage)
-        return frozen
+        return storage
 
-    def _register(self, tensor: torch.Tensor, untyped: torch.UntypedStorage) -> ConstantEntry:
-        storage = self._pinned(untyped.nbytes(), Buffer(untyped, tensor.device))
-        address = untyped.data_ptr()
-        entry = ConstantEntry(storage, tensor, lambda _: self._forget(address, entry))
-        self._entries[address] = entry
+    def _register(self, tensor: torch.Tensor, key: int) -> ConstantEntry:
+        untyped = tensor.untyped_storage()
+        if untyped.nbytes() == 0 and tensor.numel() > 0:
+            raise DTRError(
+                f"a tensor of shape {tuple(tensor.shape)} whose memory dtr_compile freed (an evicted activation) "
+                "was read without the runtime knowing it. Inside a step, hand tensors to code outside torch "
+                "through `rt.materialize(tensor)`; tensors that outlive a step are restored when it ends."
+            )
+        storage = self._pinned(untyped.nbytes(), Buffer(untyped, tensor.device, shared=True))
+        entries = self._entries
+
+        @torch.compiler.disable(recursive=True)  # deaths happen inside compiled code too
+        def forget(_ref: object) -> None:
+            """The outside tensor died (e.g. last step's batch): its record lives on only in recipes that need it."""
+            if entries.get(key) is entry:
+                del entries[key]
+
+        entry = ConstantEntry(storage, tensor, forget)
+        entries[key] = entry
         return entry
-
-    def _forget(self, address: int, entry: ConstantEntry) -> None:
-        """The outside tensor died (e.g. last step's batch): its record lives on only in recipes that need it."""
-        if self._entries.get(address) is entry:
-            del self._entries[address]
 
     def _pinned(self, nbytes: int, payload: Buffer) -> Storage:
         storage = self.engine.constant(nbytes, payload=payload)
         self.engine.drop_handle(storage)  # pinned, so never evicted; without a handle the engine does not hold it
         return storage
-
-
-def _address(storage: Storage) -> int:
-    untyped = buffer(storage).untyped
-    return untyped.data_ptr() if untyped is not None else -1
 
 
 def _may_be_recomputed(op: Operation) -> bool:

@@ -59,6 +59,7 @@ class Recipe:
     """Everything needed to rerun one aten call."""
 
     __slots__ = ("func", "leaves", "mutated", "rng", "sources", "spec")
+    compiled = False  # reruns compiled code (a part of a compiled region)?
 
     def __init__(
         self,
@@ -76,6 +77,11 @@ class Recipe:
         self.sources = sources  # one per engine output storage, in order
         self.rng = rng
 
+    def invoke(self, flat: list[Any]) -> list[Any]:
+        """Run the call on flattened arguments; its results, flattened."""
+        args, kwargs = unflatten_call(flat, self.spec)
+        return flatten_result(self.func(*args, **kwargs))[0]
+
     def rerun(self, op: Operation) -> None:
         flat: list[Any] = []
         copies: dict[int, torch.UntypedStorage] = {}  # leaf index -> copy of a mutated argument's storage
@@ -88,36 +94,42 @@ class Recipe:
                 flat.append(view_of(copy, leaf))
             else:
                 flat.append(leaf.get())
-        args, kwargs = unflatten_call(flat, self.spec)
         previous = self.rng.replay() if self.rng is not None else None
         try:
-            result = self.func(*args, **kwargs)
+            results = self.invoke(flat)
         finally:
             if previous is not None:
                 previous.replay()
-        results = flatten_result(result)[0]
         for ref, source in zip(op.output_refs, self.sources):
             storage = ref()
             if storage is None or storage.resident:
                 continue  # still holds its value; the rerun's copy is dropped
-            if source.kind == "fresh":
-                buffer(storage).untyped = results[source.index].untyped_storage()
-            else:
-                buffer(storage).untyped = copies[source.index]
+            fresh = results[source.index].untyped_storage() if source.kind == "fresh" else copies[source.index]
+            buffer(storage).fill(fresh)
 
 
 class TorchExecutor:
-    """The engine's callbacks for torch: rerun a recipe, drop a buffer; times the recomputes."""
+    """The engine's callbacks for torch: rerun a recipe, free a version's bytes; times and counts them."""
 
     def __init__(self) -> None:
         self.recompute_seconds = 0.0
+        self.region_evictions = 0  # live outputs of compiled regions evicted
+        self.region_remats = 0  # reruns of compiled code
 
     def recompute(self, op: Operation) -> None:
         start = time.perf_counter()
         op.payload.rerun(op)
         self.recompute_seconds += time.perf_counter() - start
+        if op.payload.compiled:
+            self.region_remats += 1
 
     def evict(self, storage: Storage) -> None:
         payload = storage.payload
-        if isinstance(payload, Buffer):
-            payload.drop()
+        if not isinstance(payload, Buffer):
+            return
+        if storage.handles <= 0 and payload.shared:
+            payload.detach()  # nothing of the program views it: stop managing it (freed with its last holder)
+            return
+        if storage.handles > 0 and storage.producer is not None and storage.producer.payload.compiled:
+            self.region_evictions += 1
+        payload.evict()

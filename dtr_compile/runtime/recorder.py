@@ -4,7 +4,7 @@
         model(x).sum().backward()
     # python -m dtr_compile.sim step.log.gz --ratios 0.3,0.5 --heuristic dtr_eq
 
-Every user-visible handle (DTRTensor) is a log name; outside tensors (parameters, inputs) are
+Every handle (a tensor an op returned, or one autograd saved) is a log name; outside tensors (parameters, inputs) are
 CONSTANTs; a call's results are fresh storages or aliases of an argument; an in-place write of a
 runtime tensor is a MUTATE; a handle's death is a RELEASE; the first call made by the autograd engine
 marks ANNOTATE BACKWARD. Times are the measured wall time of each op in ns.
@@ -62,6 +62,10 @@ class TraceRecorder:
             time_ns = 0  # the mutation carried the op's time; its fresh results (if any) come for free
         if result_names or not mutated:
             self.writer.call(op_name, arg_names, result_names, result_sizes, result_aliases, time_ns)
+
+    def copy(self, dst: str, src: str) -> None:
+        """A new handle `dst` on the tensor `src` (a tensor autograd saved for the backward)."""
+        self.writer.copy(dst, src)
 
     def release(self, name: str) -> None:
         self.writer.release(name)

@@ -8,34 +8,52 @@
         optimizer.step()
     print(rt.stats())
 
+Inside the context every aten call goes through the runtime (dispatch.py) and every tensor autograd saves
+is a handle (saved.py); the program keeps working on plain tensors, whose bytes the runtime may free and
+recompute behind them (values.py). When the step ends, every tensor that outlives it is resident again and
+stops being managed: what the program holds after the context is ordinary memory.
+
 All state belongs to the Runtime object (no module globals). Reusing one Runtime across steps keeps
-the output-size cache warm and lets a fractional budget calibrate once (see `__enter__`).
+the output-size cache warm and lets a fractional budget calibrate once (see `_resolved_budget`).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Any, Self
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import config
 from ..config import parse_budget
-from ..engine import Engine
+from ..engine import Engine, Storage
 from ..errors import ConfigError, DTRError, format_bytes
 from .constants import ConstantRegistry
 from .dispatch import DTRMode
+from .handles import HandleCell, StorageIndex
 from .recipe import TorchExecutor
 from .recorder import TraceRecorder
+from .saved import saved_tensor_hooks
 from .sizes import OutputSizer
-from .tensor import DTRTensor, HandleCell
-from .values import TensorValue
+from .values import buffer
 
 _FROM_CONFIG: Any = object()  # default budget: dtr_compile.config.memory_budget at construction
+
+# The Runtime whose step runs on this thread. The compiled path reads it while TorchDynamo compiles a
+# region, when Dynamo has lifted the dispatch modes off the stack (so the mode stack cannot tell).
+_CURRENT = threading.local()
+
+
+def current_step() -> Runtime | None:
+    """The Runtime whose step is running on this thread, or None."""
+    runtime = getattr(_CURRENT, "runtime", None)
+    return runtime if runtime is not None and runtime.active else None  # a step may end on another thread
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,8 @@ class RuntimeStats:
     evictions: int
     eager_evictions: int  # storages freed because their last handle died
     rematerializations: int
+    region_evictions: int  # of those, outputs of compiled regions (compiled_ops.py)
+    region_rematerializations: int  # of those, reruns of compiled code
     remat_seconds: float  # wall time spent recomputing
     search_seconds: float  # wall time spent choosing what to evict
     compute_seconds: float  # wall time of the original ops
@@ -56,8 +76,9 @@ class RuntimeStats:
     def __str__(self) -> str:
         budget = "none" if self.budget_bytes is None else format_bytes(self.budget_bytes)
         return (
-            f"DTR runtime: budget {budget}, peak {format_bytes(self.peak_bytes)}, {self.evictions} evictions, "
-            f"{self.rematerializations} rematerializations ({self.remat_seconds * 1e3:.1f} ms recompute, "
+            f"DTR runtime: budget {budget}, peak {format_bytes(self.peak_bytes)}, {self.evictions} evictions "
+            f"({self.region_evictions} of compiled-region outputs), {self.rematerializations} rematerializations "
+            f"({self.region_rematerializations} reran compiled code; {self.remat_seconds * 1e3:.1f} ms recompute, "
             f"{self.search_seconds * 1e3:.1f} ms eviction search, {self.compute_seconds * 1e3:.1f} ms compute), "
             f"{self.steps} steps"
         )
@@ -72,7 +93,6 @@ class Runtime:
         *,
         heuristic: str | None = None,
         reference_peak_bytes: int | None = None,
-        device: str | torch.device = "cpu",
         log: str | os.PathLike | IO[str] | None = None,
     ) -> None:
         """`memory_budget`: as `dtr_compile.config.memory_budget` (the default). A fraction needs the
@@ -85,7 +105,9 @@ class Runtime:
             raise ConfigError(f"reference_peak_bytes={reference_peak_bytes!r}; expected a positive int")
         self.memory_budget = budget
         self.reference_peak_bytes = reference_peak_bytes
-        self.device = torch.device(device)
+        # Op costs for the eviction policy: the roofline estimate (reproducible) or measured time.
+        self.measure_costs = config.cost_mode == "measure"
+        self.compute_seconds = 0.0  # wall time of the original ops (the engine's costs may be estimates)
         self.executor = TorchExecutor()
         self.engine = Engine(
             None,
@@ -97,27 +119,52 @@ class Runtime:
             seed=config.random_seed,
             executor=self.executor,
         )
-        self.constants = ConstantRegistry(self.engine)
+        self.constants = ConstantRegistry(self.engine, self.pin)
         self.sizes = OutputSizer()
-        self._mode: DTRMode | None = None
-        self._step_start_memory = 0
-        self._steps = 0
-        self._calibrating = False
         self.recorder = TraceRecorder(log) if log is not None else None
         if self.recorder is not None:
             weakref.finalize(self, self.recorder.close)
+        self.index = StorageIndex(self.engine, self.recorder)
+        self._log_cells: dict[int, HandleCell] = {}  # id(tensor) -> its handle, only while recording a log
+        self._mode: DTRMode | None = None
+        self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._step_start_memory = 0
+        self._steps = 0
+        self._calibrating = False
+        self.failed = False  # an operation of the current step raised
 
     def close(self) -> None:
         """Finish the operation log, if one is recorded (also done when the Runtime is collected)."""
         if self.recorder is not None:
             self.recorder.close()
 
-    # -------------------------------------------------------------------------------- context
+    # -------------------------------------------------------------------------------- the step
+
+    @property
+    def active(self) -> bool:
+        return self._mode is not None
 
     def __enter__(self) -> Self:
+        self.begin_step()
+        assert self._mode is not None and self._hooks is not None
+        self._mode.__enter__()
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        mode, hooks = self._mode, self._hooks
+        assert mode is not None and hooks is not None
+        hooks.__exit__(*exc)
+        mode.__exit__(*exc)
+        self.end_step(failed=exc[0] is not None)
+
+    def begin_step(self) -> None:
+        """Start a step: resolve the budget and make the dispatch mode and saved-tensor hooks (the caller
+        installs them: `__enter__`, or the compiled path's implicit steps)."""
         if self._mode is not None:
             raise DTRError("this dtr_compile Runtime is already active; runtimes do not nest")
         self._calibrating = False
+        self.failed = False
         budget = self._resolved_budget()
         # The budget bounds what the step allocates above what was live when it began.
         self._step_start_memory = self.engine.memory
@@ -126,21 +173,33 @@ class Runtime:
         if self.recorder is not None:
             self.recorder.begin_step()
         self._mode = DTRMode(self)
-        self._mode.__enter__()
-        return self
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(*saved_tensor_hooks(self))
+        _CURRENT.runtime = self
 
-    def __exit__(self, *exc: object) -> None:
-        mode, self._mode = self._mode, None
-        assert mode is not None
-        mode.__exit__(*exc)
-        self.constants.end_step()
-        self.engine.free_dead()
+    def end_step(self, *, failed: bool = False) -> None:
+        """End the step (the mode and hooks are already removed). Everything that outlives it (outputs,
+        gradients, a graph kept for later) leaves it resident and unmanaged: afterwards the program holds
+        ordinary tensors, outside the next step's budget."""
+        self._mode = self._hooks = None
+        if getattr(_CURRENT, "runtime", None) is self:
+            _CURRENT.runtime = None
         self._steps += 1
-        if exc[0] is not None:
-            return  # leave gradients as handles: materializing them could raise again and hide the error
-        if self._calibrating:
-            self.reference_peak_bytes = max(1, self.engine.peak - self._step_start_memory)
-        self._release_gradients()
+        engine = self.engine
+        if self._calibrating and not failed:
+            self.reference_peak_bytes = max(1, engine.peak - self._step_start_memory)
+        self.constants.end_step()
+        engine.free_dead()
+        engine.budget_bytes = None  # restoring what outlives the step is not bound by its budget
+        try:
+            self.ensure_resident([s for s in self.index.versions() if s.handles > 0 and not s.resident])
+        except Exception:
+            if not failed:
+                raise
+            warnings.warn("dtr_compile: after a failed step, some freed tensors could not be restored", stacklevel=3)
+        for storage in self.index.close():
+            buffer(storage).detach()
+            engine.release(storage)
+        self._log_cells.clear()
 
     def _resolved_budget(self) -> int | None:
         budget = self.memory_budget
@@ -151,47 +210,68 @@ class Runtime:
                 f"memory_budget={budget} is a fraction of the no-remat peak, which this Runtime has not seen yet: "
                 "this step runs without a budget to measure it, and later steps of the same Runtime use "
                 f"{budget} of it. Reuse the Runtime across steps, or pass reference_peak_bytes=.",
-                stacklevel=3,
+                stacklevel=4,
             )
             self._calibrating = True
             return None
         return max(1, int(budget * self.reference_peak_bytes))
 
-    def _release_gradients(self) -> None:
-        """Gradients leave the context as plain tensors (they outlive the step and its budget)."""
-        for tensor in self.constants.live_tensors():
-            grad = tensor.grad
-            if isinstance(grad, DTRTensor):
-                tensor.grad = grad.materialize()
-                # Its bytes now belong to the user (live at the next step's start, so outside its budget).
-                self.engine.release(grad._cell.value.storage)
-
     # -------------------------------------------------------------------------------- services
 
-    def materialize(self, value: TensorValue) -> torch.Tensor:
-        """The plain tensor of `value`, recomputing its storage if it was evicted."""
-        self.engine.materialize(value.storage)
-        return value.get()
+    def materialize(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` with its bytes resident (recomputed if the runtime freed them); returns it.
 
-    def death_callback(self, cell: HandleCell) -> Callable[[object], None]:
-        """The weakref callback that reports the death of the handle holding `cell`."""
+        For code that reads a tensor's memory without an aten call (`.numpy()`, a C extension) inside a step."""
+        storage = self.index.lookup(tensor)
+        if storage is not None and not storage.resident:
+            self.ensure_resident([storage])
+        return tensor
 
-        def on_death(_ref: object) -> None:
-            cell.death = None  # break the cell -> ref -> callback -> cell cycle
-            self.on_handle_death(cell)
+    def ensure_resident(self, storages: Iterable[Storage]) -> None:
+        """Recompute the evicted `storages` (as plain ops: a recompute is not a new operation of the step)."""
+        with _disable_current_modes():
+            for storage in storages:
+                self.engine.materialize(storage)
 
-        return on_death
+    def pin(self, tensor: torch.Tensor) -> None:
+        """Never evict `tensor`'s storage again in this step (an accumulated gradient)."""
+        storage = self.index.lookup(tensor)
+        if storage is not None:
+            self.engine.pin(storage)
 
-    def on_handle_death(self, cell: HandleCell) -> None:
-        self.engine.drop_handle(cell.value.storage)
-        if self.recorder is not None and cell.name is not None:
-            self.recorder.release(cell.name)
+    # -------------------------------------------------------------------------------- operation log
 
-    def device_of(self, value: TensorValue) -> torch.device:
-        payload = value.storage.payload
-        return payload.device if payload is not None else self.device
+    def note_handle(self, tensor: torch.Tensor, cell: HandleCell) -> None:
+        """Remember the handle of a tensor, to name it in the operation log."""
+        self._log_cells[id(tensor)] = cell
+        weakref.finalize(tensor, self._log_cells.pop, id(tensor), None)
+
+    def cell_of(self, tensor: torch.Tensor) -> HandleCell | None:
+        return self._log_cells.get(id(tensor))
+
+    def log_name(self, tensor: torch.Tensor, storage: Storage) -> str:
+        """The operation log's name of an argument: its own handle's, another handle's on the same storage,
+        or the constant's."""
+        cell = self._log_cells.get(id(tensor))
+        if cell is not None and cell.name is not None and cell.storage is storage:
+            return cell.name
+        for other in buffer(storage).cells.items():
+            if other.name is not None and other.storage is storage:
+                return other.name
+        assert self.recorder is not None
+        return self.recorder.constant_name(storage)
 
     # -------------------------------------------------------------------------------- reporting
+
+    @property
+    def calibrating(self) -> bool:
+        """This step runs without a budget to measure the no-remat peak a fractional budget refers to."""
+        return self._calibrating
+
+    @property
+    def step_bytes(self) -> int:
+        """Bytes the current step has allocated and still holds (0 outside a step)."""
+        return self.engine.memory - self._step_start_memory if self.active else 0
 
     @property
     def budget_bytes(self) -> int | None:
@@ -209,9 +289,11 @@ class Runtime:
             evictions=engine.evictions,
             eager_evictions=engine.eager_evictions,
             rematerializations=engine.remats,
+            region_evictions=self.executor.region_evictions,
+            region_rematerializations=self.executor.region_remats,
             remat_seconds=self.executor.recompute_seconds,
             search_seconds=engine.search_seconds,
-            compute_seconds=engine.compute_cost,
+            compute_seconds=self.compute_seconds,
             steps=self._steps,
             calibrating=self._calibrating,
         )

@@ -7,7 +7,7 @@ answer per call signature, so a training loop pays the meta run only in its firs
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -26,13 +26,17 @@ class CallFacts:
 
     def __init__(self, fresh_bytes: int | None) -> None:
         self.fresh_bytes = fresh_bytes  # None when the outputs' size depends on data (e.g. nonzero)
-        self.cost = float("inf")
+        self.cost: float | None = None  # the engine's cost of the call, set after its first run
         self.workspace: int | None = None  # temporary bytes while the op runs (workspace.py), set on first use
 
-    def observe(self, seconds: float) -> float:
-        """Record a timing; returns the cost to use: the fastest seen, since on a shared machine a slow
-        run measures the neighbours, and a noisy cost makes the eviction choices noisy."""
-        self.cost = min(self.cost, seconds)
+    def observe(self, seconds: float, estimate: Callable[[], float], measure: bool) -> float:
+        """The cost to charge for a call that took `seconds`: the roofline estimate (computed once per
+        signature; the same on every run), or with `measure` the fastest time seen, since on a shared
+        machine a slow run measures the neighbours, and a noisy cost makes the eviction choices noisy."""
+        if measure:
+            self.cost = seconds if self.cost is None else min(self.cost, seconds)
+        elif self.cost is None:
+            self.cost = estimate()
         return self.cost
 
 

@@ -1,11 +1,18 @@
-"""How the torch runtime maps tensors onto engine storages.
+"""How the torch runtime maps plain tensors onto engine storages.
 
-A `Buffer` is the torch side of one engine `Storage` version: the untyped storage holding its bytes
-while resident. A `TensorValue` is an immutable tensor value: a strided view (dtype, size, stride,
-offset) into one storage version. Operations record the values they read, so a recompute sees exactly
-what the original call saw even if a handle was later mutated in place (mutation creates a new storage
-version; see mode.py). Evicting a storage drops the buffer and every cached view of it, so that the
-memory is really freed.
+The runtime works on ordinary `torch.Tensor` objects: the tensors a program holds are the tensors PyTorch
+made. What the engine calls a storage is a *version* of a torch storage (an `UntypedStorage`, shared by a
+tensor and all its views): its bytes from one write to the next.
+
+- Evicting a version that user tensors still view resizes their storage to 0 bytes: the memory is freed, and
+  every tensor and view on it keeps its metadata (and, for TorchDynamo, its identity and guards).
+- Rematerializing it recomputes the bytes into a fresh storage and swaps the fresh data pointer into the
+  evicted storage (`UntypedStorage._swap_data_ptr_`, no copy): every tensor on it is valid again, unchanged.
+- A version no user tensor views any more (the value before an in-place write, an intermediate a recompute
+  chain brought back, a storage whose last handle died) lives in an engine-owned storage instead.
+
+A `TensorValue` is an immutable view (dtype, size, stride, offset) into one version: operations record the
+values they read, so a recompute sees exactly what the original call saw.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ class WeakList:
     """Weak references in a list: cheaper than a WeakSet on the per-op hot path (no callback, no hashing).
 
     Dead references are pruned when the list doubles past what was alive at the last pruning, so a
-    long-lived storage (a parameter viewed once per step) does not grow the list forever, at O(1) a call.
+    long-lived storage does not grow the list forever, at O(1) a call.
     """
 
     __slots__ = ("_limit", "_refs")
@@ -47,55 +54,95 @@ class WeakList:
 
 
 class Buffer:
-    """Payload of an engine Storage: its untyped storage (None while evicted) and the values viewing it."""
+    """Payload of an engine Storage: where the bytes of that version live.
 
-    __slots__ = ("cells", "device", "untyped", "values")
+    `shared`: the bytes live in the torch storage user tensors view (evicted by resizing it to 0 bytes,
+    refilled by swapping data pointers). The runtime holds such a storage weakly (`weak=True`): when the
+    program lets go of every tensor on it (a compiled backward frees each saved activation after its last
+    use), PyTorch frees it at once, whatever the engine still has to learn. Outside tensors (constants) are
+    held strongly, since a recompute may read them after the program dropped them. Not shared: an
+    engine-owned storage nobody else sees (evicted by dropping it). `cells` are the live handles.
+    """
 
-    def __init__(self, untyped: torch.UntypedStorage | None, device: torch.device) -> None:
-        self.untyped = untyped
-        self.values = WeakList()  # every TensorValue viewing this version (their cached views pin the bytes)
-        self.cells = WeakList()  # the live handles (tensor.HandleCell) on this version
+    __slots__ = ("_strong", "_weak", "cells", "device", "shared")
+
+    def __init__(
+        self, untyped: torch.UntypedStorage | None, device: torch.device, *, shared: bool, weak: bool = False
+    ) -> None:
+        self._strong = None if weak else untyped
+        self._weak = untyped._weak_ref() if weak and untyped is not None else None
         self.device = device
+        self.shared = shared
+        self.cells = WeakList()  # handles.HandleCell of the live tensors and saved tensors on this version
 
-    def drop(self) -> None:
-        """Free the memory: forget the storage and every cached view into it."""
-        self.untyped = None
-        for value in self.values.items():
-            value.plain = None
+    @property
+    def untyped(self) -> torch.UntypedStorage | None:
+        """The torch storage holding the bytes (None once dropped, or once PyTorch freed a weak one)."""
+        if self._weak is not None:
+            return torch.UntypedStorage._new_with_weak_ptr(self._weak)
+        return self._strong
+
+    def evict(self) -> None:
+        """Free the bytes. User tensors on a shared storage stay valid objects with 0 bytes behind them."""
+        if self.shared:
+            untyped = self.untyped
+            if untyped is not None:
+                untyped.resize_(0)
+        else:
+            self._strong = None
+
+    def detach(self) -> None:
+        """Stop managing the storage without touching it (its user tensors keep their bytes)."""
+        self._release_weak()
+        self._strong = None
+        self.shared = False
+
+    def fill(self, fresh: torch.UntypedStorage) -> None:
+        """Make `fresh`'s bytes this version's (after a recompute)."""
+        if self.shared:
+            target = self.untyped
+            if target is not None:
+                if target.nbytes() == 0 and fresh.nbytes() > 0:
+                    target._swap_data_ptr_(fresh)  # the user's tensors see the recomputed bytes; `fresh` is empty
+                return
+        self._release_weak()
+        self._strong = fresh
+        self.shared = False
+
+    def _release_weak(self) -> None:
+        if self._weak is not None:
+            torch.UntypedStorage._free_weak_ref(self._weak)
+            self._weak = None
+
+    @torch.compiler.disable(recursive=True)
+    def __del__(self) -> None:
+        self._release_weak()
 
 
 class TensorValue:
     """An immutable tensor value: a view (dtype, size, stride, offset) into one storage version."""
 
-    __slots__ = ("__weakref__", "dtype", "offset", "plain", "size", "storage", "stride")
+    __slots__ = ("dtype", "offset", "size", "storage", "stride")
 
-    def __init__(self, storage: Storage, plain: torch.Tensor) -> None:
+    def __init__(self, storage: Storage, like: torch.Tensor) -> None:
         self.storage = storage
-        self.dtype = plain.dtype
-        self.size = tuple(plain.shape)
-        self.stride = tuple(plain.stride())
-        self.offset = plain.storage_offset()
-        self.plain: torch.Tensor | None = plain
-        buffer(storage).values.add(self)
+        self.dtype = like.dtype
+        self.size = tuple(like.shape)
+        self.stride = like.stride()
+        self.offset = like.storage_offset()
 
     def get(self) -> torch.Tensor:
-        """The plain tensor; the storage must be resident (the engine made it so before the call)."""
-        if self.plain is None:
-            self.plain = view_of(buffer(self.storage).untyped, self)
-        return self.plain
-
-    def retarget(self, storage: Storage) -> TensorValue:
-        """The same view into another storage version (after an in-place mutation)."""
-        value = TensorValue.__new__(TensorValue)
-        value.storage = storage
-        value.dtype, value.size, value.stride, value.offset = self.dtype, self.size, self.stride, self.offset
-        value.plain = None
-        buffer(storage).values.add(value)
-        return value
+        """A plain tensor viewing the value; its storage must be resident (the engine made it so)."""
+        return view_of(buffer(self.storage).untyped, self)
 
 
 def buffer(storage: Storage) -> Buffer:
     return storage.payload
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """Identity of the torch storage a tensor views (stable while that storage is alive)."""
+    return tensor.untyped_storage()._cdata
 
 
 def view_of(untyped: torch.UntypedStorage | None, like: Any) -> torch.Tensor:

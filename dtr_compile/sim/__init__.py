@@ -6,7 +6,8 @@
     result = replay(parse_log("step.log.gz"), ratio=0.3)
 
 Modules: logformat (instructions, parser), logwriter (writer), replay (engine driver, baseline),
-schedule (the trace as storages and ops), bounds (lower bound), future (next-use knowledge),
+schedule (the trace as storages and ops), views (views re-run after their storage's eviction),
+bounds (lower bound), future (next-use knowledge),
 reference (the DTR authors' numbers), report (tables, JSON), cli (the command line).
 """
 

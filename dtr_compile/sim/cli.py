@@ -31,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("logs", nargs="+", metavar="LOG", help="operation log files (.log or .log.gz)")
     parser.add_argument(
-        "--ratios", default=DEFAULT_RATIOS, help=f"budgets as fractions of the no-budget peak (default {DEFAULT_RATIOS})"
+        "--ratios",
+        default=DEFAULT_RATIOS,
+        help=f"budgets as fractions of the no-budget peak (default {DEFAULT_RATIOS})",
     )
     parser.add_argument(
         "--heuristic",
@@ -54,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="never evict storages below this fraction of the mean resident size (default 0, as the reference)",
     )
+    parser.add_argument(
+        "--views",
+        choices=("rerun", "free"),
+        default="rerun",
+        help="rerun (default, as the reference): a view used after its storage's eviction is re-run, at its "
+        "logged time; free: a view is only a handle on its storage",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of candidate sampling and the random heuristic")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel processes")
     return parser
@@ -67,7 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sampling = args.sampling if args.sampling in ("all", "sqrt") else _positive_int(args.sampling, "--sampling")
         reference = load_reference(args.reference) if args.reference else None
         jobs = [
-            (log, ratios, ReplayOptions(h, sampling, args.min_evictable_fraction, seed=args.seed))
+            (
+                log,
+                ratios,
+                ReplayOptions(
+                    h, sampling, args.min_evictable_fraction, seed=args.seed, charge_views=args.views == "rerun"
+                ),
+            )
             for log in args.logs
             for h in heuristics
         ]
@@ -111,7 +126,9 @@ def _heuristics(text: str) -> list[str]:
     names = [h.strip() for h in text.split(",") if h.strip()]
     for name in names:
         if name not in HEURISTICS:
-            raise config.ConfigError(f"--heuristic {name!r} is unknown; expected one of {', '.join(sorted(HEURISTICS))}")
+            raise config.ConfigError(
+                f"--heuristic {name!r} is unknown; expected one of {', '.join(sorted(HEURISTICS))}"
+            )
     return names
 
 

@@ -179,7 +179,9 @@ class _Parser:
             return self._call(lineno, r)
         if kind == "MUTATE":
             args = self._names(lineno, r, "ARGS")
-            mutated = tuple(self._int(lineno, {"MUTATE": m}, "MUTATE", minimum=0) for m in self._list(lineno, r, "MUTATE"))
+            mutated = tuple(
+                self._int(lineno, {"MUTATE": m}, "MUTATE", minimum=0) for m in self._list(lineno, r, "MUTATE")
+            )
             for index in mutated:
                 if index >= len(args):
                     self._fail(lineno, f"MUTATE index {index} is out of range for {len(args)} ARGS")
@@ -263,7 +265,9 @@ class _Parser:
 
     def _define(self, lineno: int, name: str) -> None:
         if name in self.defined:
-            self._fail(lineno, f"tensor name {name!r} is defined twice; every CONSTANT, RESULT and COPY DST needs a new name")
+            self._fail(
+                lineno, f"tensor name {name!r} is defined twice; every CONSTANT, RESULT and COPY DST needs a new name"
+            )
         self.defined.add(name)
         self.live.add(name)
 

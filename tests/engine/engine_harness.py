@@ -156,8 +156,12 @@ class Harness:
                 assert storage.pool_index < 0, f"evicted storage still a candidate: {storage!r}"
             if idle:
                 assert storage.locks == 0, f"lock leaked between operations: {storage!r}"
-            if storage.handles <= 0 and storage.locks == 0 and not storage.pinned:
-                assert not storage.resident, f"storage without handles or locks still resident: {storage!r}"
+            if storage.handles <= 0 and storage.locks == 0 and not storage.pinned and storage.resident:
+                # Freed at once, unless the engine retains dead storages (then they must stay evictable).
+                assert engine.retain_needed_dead or engine.keep_dead_intermediates, (
+                    f"storage without handles or locks still resident: {storage!r}"
+                )
+                assert storage.pool_index >= 0, f"retained dead storage is not evictable: {storage!r}"
 
     def _remember(self, storage: Storage) -> None:
         self.storages.append(storage)

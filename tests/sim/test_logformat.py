@@ -67,8 +67,11 @@ def test_truncated_call_says_the_log_ends():
         '{"INSTRUCTION":"CALL","NAME":"mm","ARGS":["w"],"RESULT":["y"],"TIME":"1"}',
         '{"INSTRUCTION":"MEMORY","NAME":"y","MEMORY":"8"}',
     ]
-    with pytest.raises(LogFormatError, match=r"t.log, line 5: CALL 'mm' must be followed by ALIAS for 'y', but the log "
-                       r"ends here \(truncated\?\)"):
+    with pytest.raises(
+        LogFormatError,
+        match=r"t.log, line 5: CALL 'mm' must be followed by ALIAS for 'y', but the log "
+        r"ends here \(truncated\?\)",
+    ):
         parse_lines([START, *lines], source="t.log")
 
 
@@ -84,8 +87,10 @@ def test_use_after_release_and_bad_alias_index():
 
 def test_truncated_gzip_file(tmp_path):
     path = tmp_path / "cut.log.gz"
-    records = [f'{{"INSTRUCTION":"CONSTANT","NAME":"w{i}"}}\n{{"INSTRUCTION":"MEMORY","NAME":"w{i}","MEMORY":"8"}}'
-               for i in range(2000)]
+    records = [
+        f'{{"INSTRUCTION":"CONSTANT","NAME":"w{i}"}}\n{{"INSTRUCTION":"MEMORY","NAME":"w{i}","MEMORY":"8"}}'
+        for i in range(2000)
+    ]
     body = "\n".join([START, *records])
     data = gzip.compress(body.encode())
     path.write_bytes(data[: len(data) // 2])

@@ -28,8 +28,14 @@ class Recorder(NullExecutor):
 
 def run(trace, budget, heuristic, plan=None):
     recorder = Recorder()
-    engine = Engine(budget, heuristic=heuristic, candidate_sampling="all", min_evictable_fraction=0.0,
-                    executor=recorder, keep_dead_intermediates=True)  # the engine settings replay() uses
+    engine = Engine(
+        budget,
+        heuristic=heuristic,
+        candidate_sampling="all",
+        min_evictable_fraction=0.0,
+        executor=recorder,
+        keep_dead_intermediates=True,
+    )  # the engine settings replay() uses
     drive(trace, engine, plan)
     return engine, recorder
 
@@ -109,7 +115,9 @@ def test_dead_first_scores_dead_storages_zero_and_live_ones_like_dtr_eq():
     clock = engine.clock + 25
     assert h_dtr_eq_dead(dead, clock, engine.rng) == 0.0
     assert h_dtr_eq(dead, clock, engine.rng) > 0.0
-    assert h_dtr_eq_dead(live, clock, engine.rng) == h_dtr_eq(live, clock, engine.rng) == 50 / (100 * 25)  # written at clock 50, read at 75
+    assert (
+        h_dtr_eq_dead(live, clock, engine.rng) == h_dtr_eq(live, clock, engine.rng) == 50 / (100 * 25)
+    )  # written at clock 50, read at 75
 
 
 def test_aliases_share_storage_and_mutation_is_copy_on_write():
@@ -121,6 +129,7 @@ def test_aliases_share_storage_and_mutation_is_copy_on_write():
         w.copy("z", "y")
         w.copy_from("z", "w")  # z leaves y's storage for w's
         w.release("y")  # the last handle of y's new version: freed
+
     trace = trace_of(log)
     base = baseline(trace)
     assert base.peak_bytes == 8 + 16 + 16
@@ -138,6 +147,7 @@ def test_outputs_alive_at_the_end_are_recomputed_and_pinned():
         w.call("f2", ["x1"], ["x2"], [100], [-1], 10)
         w.call("f3", ["x2"], ["x3"], [100], [-1], 10)  # budget 300: x1 (stalest) goes
         w.release("x2")
+
     engine, recorder = run(trace_of(log), 300, "dtr_eq")
     assert recorder.evicted == [1, 2]  # x1 evicted for f3; x2 freed at its release
     assert recorder.recomputed == ["f1"]  # the end pins x1 and x3, so x1 comes back
@@ -172,6 +182,7 @@ def test_future_heuristic_evicts_the_storage_read_furthest_ahead():
         w.call("gc", ["c"], ["g"], [0], [-1], 10)
         for name in ("a", "b", "c", "d", "f", "g"):
             w.release(name)
+
     trace = trace_of(log)
     _, recorder = run(trace, 320, "future", FuturePlan(build_schedule(trace)))
     assert recorder.evicted[0] == 3  # c: Belady's choice, though it is the freshest

@@ -1,0 +1,215 @@
+"""A graph TorchDynamo handed to `backend="dtr"`: its plan, its compiled parts, and its share of the budget.
+
+How one budget is shared between the static plans of compiled regions and the online runtime
+-------------------------------------------------------------------------------------------------
+The runtime owns the step's budget. Everything the step allocates is accounted there: the tensors of eager
+code, and the outputs and saved activations of every compiled part (compiled_ops.py), each made room for
+before it runs, its transient peak included. A region's static plan only decides what happens *inside* its
+compiled code: what its forward saves and what its backward recomputes, and where.
+
+So a region is planned against the room the step leaves it: the step's budget minus the bytes the step
+already holds when the region is compiled (the outputs of earlier regions, eager tensors, saved
+activations). If even that is below what the region can run in, it is planned at its own smallest feasible
+budget, and the runtime makes the rest of the room by evicting what is live outside the region (an evicted
+output of an earlier region comes back by rerunning that region's compiled forward). A region is planned
+once per step budget: with a budget in bytes, once; with a fraction, the runtime's first step runs without
+a budget to measure the peak the fraction refers to (its regions are planned with no budget, which is what
+"compiled the same way, with no budget" means), and each region is planned again, once, when the budget is
+known. Regions compiled with no step around them (`config.compiled_steps = "plan_only"`, or no budget) are
+planned alone against `config.memory_budget`, as fractions of their own no-remat peak.
+
+Dynamic shapes: Dynamo marks sizes that change between calls as symbolic and compiles once for all of them;
+the plan is made at the sizes seen when compiling (its decisions hold at every size) and the runtime makes
+room for each call at the actual sizes (Footprint.scale).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils._python_dispatch import _disable_current_modes
+
+from . import config
+from .config import Budget
+from .errors import BudgetError
+from .passes.costs import is_random
+from .passes.meta import cost_of
+from .passes.partition import DTRPartitioner, PlanReport
+from .passes.storage import tensor_nbytes
+from .runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint
+from .runtime.slices import output_slices
+from .runtime.implicit import STEPS
+from .runtime.runtime import current_step
+
+_region_ids = itertools.count()
+
+
+class Region:
+    """The callable `backend="dtr"` returns for one Dynamo graph."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+        self.gm = gm
+        self.name = f"region{next(_region_ids)}"
+        # Fake tensors (from Dynamo's tracing) stand for the inputs when the region is planned again later:
+        # holding the real example inputs would keep the first step's activations alive.
+        fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        self.example_inputs = fakes if len(fakes) == len(example_inputs) and all(
+            f is not None for f in fakes) else list(example_inputs)
+        self.codegen = config.codegen
+        self.cost_mode = config.cost_mode
+        self.reports: list[PlanReport] = []  # one per compile, for explain and tests
+        self._key: Hashable = None
+        self._compiled: Callable[..., Any] | None = None
+        self._attached = False
+        key, budget = self._plan_budget()
+        self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
+
+    @torch.compiler.disable(recursive=True)  # Dynamo calls it from the code it generated
+    def __call__(self, *args: Any) -> Any:
+        STEPS.close_stale()
+        if STEPS.wanted():
+            STEPS.begin()
+            if not self._attached:  # later steps begin before Dynamo's frame (see implicit.py)
+                self._attached = STEPS.attach_to_calling_module()
+        try:
+            key, budget = self._plan_budget()
+            if key != self._key:
+                with _disable_current_modes():
+                    self._compile(key, budget, self.example_inputs)
+            compiled = self._compiled
+            assert compiled is not None
+            return compiled(*args)
+        except BaseException:
+            if STEPS.running() and current_step() is STEPS.runtime:
+                STEPS.end()  # a failed forward ends its step: nothing of it will run backward
+            raise
+
+    # ------------------------------------------------------------------------------ the budget share
+
+    def _plan_budget(self) -> tuple[Hashable, Budget]:
+        """(key, budget) of the plan this region should run under now; a new key means planning again."""
+        runtime = current_step()
+        held = runtime.step_bytes if runtime is not None else 0
+        if runtime is None and config.compiled_steps == "runtime" and config.memory_budget is not None:
+            runtime = STEPS.prospective_runtime()  # the step this region's first call will begin
+        if runtime is None:
+            return ("alone", config.memory_budget), config.memory_budget
+        calibrating = runtime.calibrating if runtime.active else runtime.budget_bytes is None
+        if calibrating and runtime.memory_budget is not None:
+            return ("calibrating",), None
+        step_budget = runtime.budget_bytes
+        if step_budget is None:
+            return ("step", None), None
+        return ("step", step_budget), max(1, step_budget - held)
+
+    def _compile(self, key: Hashable, budget: Budget, example_inputs: Sequence[Any]) -> None:
+        try:
+            self._compiled = self._compile_with(budget, example_inputs)
+        except BudgetError as error:
+            if key[0] != "step" or error.smallest_feasible_bytes is None:  # type: ignore[index]
+                raise
+            # The room left in the step is too small for this region alone: plan it as tight as it goes,
+            # and let the runtime evict what is live outside it.
+            self._compiled = self._compile_with(error.smallest_feasible_bytes, example_inputs)
+        self._key = key
+
+    def _compile_with(self, budget: Budget, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        from .backend import compile_region
+
+        partitioner = DTRPartitioner(budget, cost_mode=self.cost_mode)
+
+        def wrap(graph: fx.GraphModule, phase: str) -> Callable[[Any], CompiledPart]:
+            report = partitioner.reports[-1] if partitioner.reports and phase != "inference" else None
+            if report is not None and (not self.reports or self.reports[-1] is not report):
+                self.reports.append(report)
+            return part_maker(graph, phase, report, self.name)
+
+        return compile_region(self.gm, example_inputs, partitioner, codegen=self.codegen, wrap=wrap)
+
+
+def part_maker(
+    graph: fx.GraphModule, phase: str, report: PlanReport | None, region: str
+) -> Callable[[Any], CompiledPart]:
+    """What the plan and the graph say of a forward/backward/inference part, read before it is compiled;
+    returns how to make the compiled part a `CompiledPart`."""
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    example_numels = tuple(
+        int(tensor_nbytes(v) // max(v.element_size(), 1))
+        for v in (n.meta.get("val") for n in placeholders)
+        if isinstance(v, torch.Tensor)
+    )
+    footprint = _footprint(report, phase, example_numels) if report is not None else NO_FOOTPRINT
+    mutated = _mutated_inputs(graph, placeholders)
+    # A forward's outputs can each be recomputed alone, from the region's inputs and its other outputs.
+    slices = output_slices(graph) if phase != "backward" and not mutated else None
+    random = phase != "backward" and _draws_random_numbers(graph)
+    estimated = _estimated_seconds(report, phase)
+
+    def finish(inner: Any) -> CompiledPart:
+        return CompiledPart(
+            inner,
+            name=f"{region}.{phase}",
+            footprint=footprint,
+            estimated_s=estimated,
+            random=random,
+            mutated_inputs=mutated,
+            slices=slices,
+            on_call=STEPS.on_backward_part if phase == "backward" else None,
+        )
+
+    return finish
+
+
+def _footprint(report: PlanReport, phase: str, example_numels: tuple[int, ...]) -> Footprint:
+    """Read off the plan's modelled schedule: what the part leaves allocated, and its transient peak."""
+    model = report.planned_peak
+    points = [p.bytes_live for p in model.timeline if p.phase == phase]
+    peak = max(points, default=0)
+    saved = model.saved_bytes  # what the forward leaves alive: saved activations and outputs
+    if phase == "forward":
+        return Footprint(saved, max(0, peak - saved), example_numels)
+    tangents = sum(
+        tensor_nbytes(n.meta.get("val"))
+        for n in report.planned.graph.nodes
+        if n.op == "placeholder" and n.name.startswith("tangents")
+    )
+    # The backward's inputs (saved activations, incoming gradients) are already held by the step.
+    return Footprint(0, max(0, peak - saved - tangents), example_numels)
+
+
+def _estimated_seconds(report: PlanReport | None, phase: str) -> float | None:
+    if report is None:
+        return None
+    tag = "is_backward" if phase == "backward" else "is_forward"
+    nodes = [n for n in report.planned.graph.nodes if n.op == "call_function"]
+    return sum(cost_of(n).time_s for n in nodes if n.meta.get("partitioner_tag") == tag and "dtr" in n.meta)
+
+
+def _draws_random_numbers(graph: fx.GraphModule) -> bool:
+    rng_prims = torch._prims.rng_prims
+    for node in graph.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is rng_prims.run_and_save_rng_state or is_random(node):
+            return True
+        if "seed" in str(node.target):  # Inductor's inductor_seeds / inductor_random lowering
+            return True
+    return False
+
+
+def _mutated_inputs(graph: fx.GraphModule, placeholders: list[fx.Node]) -> list[int]:
+    """Positions of the inputs the graph writes in place (a BatchNorm's running statistics)."""
+    position = {node: i for i, node in enumerate(placeholders)}
+    mutated: set[int] = set()
+    for node in graph.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+            continue
+        for argument, value in zip(target._schema.arguments, node.args):
+            if argument.alias_info is not None and argument.alias_info.is_write and value in position:
+                mutated.add(position[value])
+    return sorted(mutated)

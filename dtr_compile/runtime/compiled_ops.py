@@ -1,0 +1,293 @@
+"""Compiled code as operations of the eager runtime: the handoff between the two paths of DESIGN.md.
+
+A region TorchDynamo compiled with `backend="dtr"` runs as AOTAutograd's compiled parts: a forward (or an
+inference graph) and a backward. Each is a `CompiledPart`. With no runtime step active it is a plain call.
+Inside a step it is one multi-output engine operation, like an aten call of the eager code around it:
+  - its tensor inputs are locked and made resident (an evicted one is recomputed first);
+  - room is made, before it runs, for what it will allocate: its outputs and its transient peak, both read
+    off the region's plan (the modelled peak of its schedule; see `Footprint`);
+  - its outputs become runtime storages: the values it returns to the program and the activations
+    AOTAutograd saves for the backward (seen as saved tensors, saved.py). The runtime may evict them like
+    any other storage, and recomputes them by running the compiled part again on the same inputs, with
+    the RNG state of the first run replayed, so that a dropout mask comes back identical.
+The region's own plan decides what its backward recomputes inside the compiled code; the runtime decides
+what survives between operations of the step. How the budget is split between the two: see region.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ..engine import Storage
+from .operations import Inputs, record_outputs
+from .recipe import OutputSource, Recipe, RngState
+from .slices import OutputSlice
+from .values import Buffer, TensorValue, storage_key
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one compiled part allocates, from the region's plan, at the example input sizes.
+
+    `new_bytes`: bytes its outputs hold when it returns (above its inputs); `transient_bytes`: bytes it
+    allocates and frees while running, above those. Other input sizes (dynamic shapes) scale both by the
+    growth of the largest input, squared when it grows (attention scores grow with the square of the
+    sequence): generous, so that the room made before the call is enough; the outputs are then counted
+    exactly once the part has run.
+    """
+
+    new_bytes: int
+    transient_bytes: int
+    example_numels: tuple[int, ...]  # numel of each tensor input at the example sizes
+
+    def scale(self, flat: Sequence[Any]) -> float:
+        numels = [x.numel() for x in flat if isinstance(x, torch.Tensor)]
+        ratio = max((n / e for n, e in zip(numels, self.example_numels) if e > 0), default=1.0)
+        return ratio * ratio if ratio > 1.0 else 1.0
+
+    def reserve_bytes(self, flat: Sequence[Any]) -> tuple[int, int]:
+        """(bytes to make room for, of which transient) for a call on `flat`."""
+        factor = self.scale(flat)
+        transient = int(self.transient_bytes * factor)
+        return int(self.new_bytes * factor) + transient, transient
+
+
+NO_FOOTPRINT = Footprint(0, 0, ())
+
+
+class CompiledPart:
+    """A compiled forward, backward or inference graph; an engine operation when a runtime step is active.
+
+    It keeps AOTAutograd's boxed calling convention: it takes the argument list and empties it.
+    """
+
+    def __init__(
+        self,
+        inner: Callable[[list[Any]], Any],
+        *,
+        name: str,
+        footprint: Footprint = NO_FOOTPRINT,
+        estimated_s: float | None = None,
+        random: bool = False,
+        mutated_inputs: Sequence[int] = (),
+        slices: Sequence[OutputSlice | None] | None = None,
+        on_call: Callable[[Runtime], None] | None = None,
+    ) -> None:
+        """`estimated_s`: the plan's modelled time of the part (its cost to the engine unless costs are
+        measured); `random`: it draws random numbers (its RNG state is replayed by a recompute);
+        `mutated_inputs`: positions of the inputs it writes in place; `slices`: per output, how to recompute
+        it alone (slices.py; None: only by rerunning the part); `on_call`: told the runtime whenever the part
+        runs inside a step (the backward part ends an implicit step through it)."""
+        if not getattr(inner, "_boxed_call", False):
+            from torch._functorch.aot_autograd import make_boxed_func
+
+            inner = make_boxed_func(inner)
+        # An instance attribute: AOTAutograd wraps a backward part in `torch._dynamo.disable`, whose wrapper
+        # copies the instance's attributes, so the part is still called boxed (and can free its inputs early).
+        self._boxed_call = True
+        self.inner = inner
+        self.name = name
+        self.footprint = footprint
+        self.estimated_s = estimated_s
+        self.random = random
+        self.mutated_inputs = tuple(mutated_inputs)
+        self.slices = list(slices) if slices is not None else None
+        self.on_call = on_call
+        self._measured_s = float("inf")
+
+    @torch.compiler.disable(recursive=True)  # called from compiled code: the runtime is never traced
+    def __call__(self, *call_args: Any) -> Any:
+        # Boxed (one list, which the callee empties), as AOTAutograd calls parts; AOTAutograd's lazily
+        # compiled backward goes through a wrapper that hides `_boxed_call` and passes the arguments unboxed.
+        args = call_args[0] if len(call_args) == 1 and type(call_args[0]) is list else list(call_args)
+        runtime = active_runtime()
+        if runtime is None:
+            return self.inner(args)
+        if self.on_call is not None:
+            self.on_call(runtime)
+        try:
+            return run_part(runtime, self, args)
+        except BaseException:
+            runtime.failed = True
+            raise
+
+    def cost(self, seconds: float, measure: bool) -> float:
+        self._measured_s = min(self._measured_s, seconds)
+        if measure or self.estimated_s is None:
+            return self._measured_s
+        return self.estimated_s
+
+
+class SliceRecipe(Recipe):
+    """Recompute one output of a compiled forward from its slice (its boundary values as inputs)."""
+
+    __slots__ = ("module",)
+    compiled = True
+
+    def __init__(self, output_slice: OutputSlice, leaves: list[Any]) -> None:
+        super().__init__(output_slice.module, None, leaves, frozenset(), [OutputSource("fresh", 0)], None)
+        self.module = output_slice.module
+
+    def invoke(self, flat: list[Any]) -> list[Any]:
+        return [self.module(*flat)]
+
+
+class PartRecipe(Recipe):
+    """Rerun a compiled part on the values it read (mutated inputs on copies, RNG state replayed)."""
+
+    __slots__ = ("part",)
+    compiled = True
+
+    def __init__(self, part: CompiledPart, leaves: list[Any], mutated: frozenset[int], sources: list[OutputSource],
+                 rng: RngState | None) -> None:
+        super().__init__(part.inner, None, leaves, mutated, sources, rng)
+        self.part = part
+
+    def invoke(self, flat: list[Any]) -> list[Any]:
+        return list(self.part.inner(flat))
+
+
+def active_runtime() -> Runtime | None:
+    """The runtime whose dispatch mode is on this thread's mode stack (the autograd engine's threads
+    inherit the stack of the thread that called backward), or None."""
+    from .dispatch import DTRMode
+
+    for i in range(torch._C._len_torch_dispatch_stack()):
+        mode = torch._C._get_dispatch_stack_at(i)
+        if isinstance(mode, DTRMode):
+            return mode.runtime
+    return None
+
+
+def run_part(rt: Runtime, part: CompiledPart, args: list[Any]) -> list[Any]:
+    """Run `part` on the boxed `args` as one operation of the step. The part empties the list as it goes
+    (a backward frees each saved activation after its last use); nothing here keeps the inputs alive."""
+    engine = rt.engine
+    with _disable_current_modes():  # the compiled code runs plainly: it is one operation of the step
+        inputs = Inputs(rt, args)
+        written = [i for i in part.mutated_inputs if i < len(args) and isinstance(args[i], torch.Tensor)]
+        if written:
+            inputs.before_writes(rt, args, written, True)
+        need, transient = part.footprint.reserve_bytes(args)
+        device = _device_of(args)
+        # What the output registration needs of the arguments once the part has freed them: the written ones.
+        described = [args[i] if i in written else leaf for i, leaf in enumerate(inputs.leaves)]
+        engine.reserve(inputs.storages, need, part.name)
+        try:
+            rng = RngState.capture(device) if part.random else None
+            start = time.perf_counter()
+            results = list(part.inner(args))
+            elapsed = time.perf_counter() - start
+        except BaseException:
+            engine.abandon(inputs.storages)
+            raise
+        rt.compute_seconds += elapsed
+        cost = part.cost(elapsed, rt.measure_costs)
+        if part.slices is not None and not written and rt.recorder is None:
+            record_by_slices(rt, part, inputs, results, cost, need, rng)
+        else:
+            # A rerun allocates every output again, those still resident included (their copies are dropped):
+            # its workspace is all of what the first run made room for.
+            record_outputs(rt, part.name, described, inputs, written, results, cost, need,
+                           lambda sources: PartRecipe(part, inputs.leaves, frozenset(written), sources, rng),
+                           unpredicted=True)
+    return results
+
+
+def record_by_slices(
+    rt: Runtime, part: CompiledPart, inputs: Inputs, results: list[Any], cost: float, workspace: int,
+    rng: RngState | None,
+) -> None:
+    """Register a forward's outputs as one operation each, recomputed by its slice; outputs without a slice
+    (random ones) as one operation that reruns the whole part. The region's inputs are locked (reserved
+    before the part ran); every output is resident."""
+    engine, index = rt.engine, rt.index
+    assert part.slices is not None
+    storage_of: dict[int, Storage] = dict(inputs.keys)  # torch storage key -> engine storage
+    fresh: dict[int, int] = {}  # torch storage key -> position of the first output on it
+    for k, r in enumerate(results):
+        if isinstance(r, torch.Tensor):
+            key = storage_key(r)
+            if key not in storage_of and key not in fresh:
+                fresh[key] = k
+    by_position: dict[int, Storage] = {}
+    new: list[Storage] = []
+
+    def adopt(storage: Storage, k: int, key: int) -> None:
+        r = results[k]
+        storage.payload = Buffer(r.untyped_storage(), r.device, shared=True, weak=True)
+        index.set_current(key, storage)
+        storage_of[key] = storage
+        by_position[k] = storage
+        new.append(storage)
+
+    whole = [(key, k) for key, k in fresh.items() if part.slices[k] is None]
+    sliced_cost = sum(part.slices[k].estimated_s for k in fresh.values() if part.slices[k] is not None)
+    if whole:
+        sources = [OutputSource("fresh", k) for _, k in whole]
+        op = engine.record(part.name, inputs.storages, [results[k].untyped_storage().nbytes() for _, k in whole],
+                           max(cost - sliced_cost, 0.0), payload=PartRecipe(part, inputs.leaves, frozenset(), sources, rng),
+                           workspace=workspace)
+        for storage, (key, k) in zip(op.outputs, whole):
+            adopt(storage, k, key)
+    else:
+        engine.abandon(inputs.storages)
+
+    pending = [(key, k) for key, k in fresh.items() if part.slices[k] is not None]
+    while pending:  # in dependency order: a slice reads outputs registered before it
+        waiting = []
+        for key, k in pending:
+            output_slice = part.slices[k]
+            boundary: list[Storage | None] = []
+            for kind, j in output_slice.boundaries:
+                if kind == "input":
+                    boundary.append(inputs.leaves[j].storage)
+                else:
+                    boundary.append(by_position.get(j) or _storage_of_result(results[j], storage_of))
+            if any(s is None for s in boundary):
+                waiting.append((key, k))
+                continue
+            leaves = [
+                inputs.leaves[j] if kind == "input" else TensorValue(storage, results[j])
+                for (kind, j), storage in zip(output_slice.boundaries, boundary)
+            ]
+            storages = list(dict.fromkeys(boundary))
+            engine.reserve(storages, 0, part.name)  # all resident: locks them for the record
+            op = engine.record(f"{part.name}[{k}]", storages, [results[k].untyped_storage().nbytes()],
+                               output_slice.estimated_s, payload=SliceRecipe(output_slice, leaves),
+                               workspace=output_slice.workspace_bytes)
+            adopt(op.outputs[0], k, key)
+        if len(waiting) == len(pending):
+            raise AssertionError(f"dtr_compile internal error: cyclic output slices in {part.name}")
+        pending = waiting
+
+    for r in results:
+        if isinstance(r, torch.Tensor):
+            storage = storage_of.get(storage_key(r))
+            if storage is not None and storage.producer is not None:
+                index.track(r, storage)
+    for storage in new:
+        engine.drop_handle(storage)  # the engine's initial handle: from now on only the program's handles count
+    engine.reserve([], 0, part.name)  # the outputs' true size is known now: restore the budget
+
+
+def _storage_of_result(result: Any, storage_of: dict[int, Storage]) -> Storage | None:
+    return storage_of.get(storage_key(result)) if isinstance(result, torch.Tensor) else None
+
+
+def _device_of(flat: Sequence[Any]) -> torch.device:
+    for x in flat:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return torch.device("cpu")
+
+
