@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .models import LSTMLanguageModel, TreeLSTM, random_binary_tree
+from .models import TreeLSTM, random_binary_tree
 
 Batch = tuple[tuple[Tensor, ...], Tensor]
 
@@ -46,6 +46,44 @@ class DynamicCase:
 
 def _token_loss(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+# ------------------------------------------------------------------------------------------------ LSTM
+
+
+class StepLSTM(nn.Module):
+    """An LSTM layer unrolled in Python, one cell application per time step (the input projection too), so
+    that its activations are per-step tensors a rematerializer can free and recompute one by one."""
+
+    def __init__(self, d_in: int, hidden: int) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.cell = nn.Linear(d_in + hidden, 4 * hidden)
+
+    def forward(self, xs: Tensor) -> Tensor:  # (time, batch, d_in) -> (time, batch, hidden)
+        h = xs.new_zeros(xs.shape[1], self.hidden)
+        c = h
+        outputs = []
+        for t in range(xs.shape[0]):  # the length changes between steps: Dynamo unrolls per length
+            i, f, g, o = self.cell(torch.cat([xs[t], h], dim=1)).chunk(4, dim=1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            outputs.append(h)
+        return torch.stack(outputs)
+
+
+class StepLSTMLanguageModel(nn.Module):
+    def __init__(self, vocab: int, hidden: int, layers: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.blocks = nn.ModuleList(StepLSTM(hidden, hidden) for _ in range(layers))
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens: Tensor) -> Tensor:  # (time, batch) -> (time, batch, vocab)
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
 
 
 # -------------------------------------------------------------------------- transformer with branches
@@ -163,7 +201,7 @@ def _treelstm(size: str, batch: int, leaves: int, hidden: int) -> DynamicCase:
 
 def _lstm(size: str, batch: int, seq: int, hidden: int, layers: int) -> DynamicCase:
     vocab = 64
-    model = LSTMLanguageModel(vocab, hidden, layers)
+    model = StepLSTMLanguageModel(vocab, hidden, layers)
     lengths = (seq, seq - seq // 4, seq + seq // 4, seq - seq // 8)
 
     def make(step: int) -> Batch:
@@ -206,20 +244,20 @@ _BUILDERS: dict[str, tuple[Callable[..., DynamicCase], dict[str, dict[str, int]]
     # "tiny" keeps a step in tens of milliseconds on one CPU thread (tests) with activations, not weights
     # and gradients, making most of the peak, as in the cases rematerialization is for.
     "treelstm": (_treelstm, {
-        "tiny": {"batch": 64, "leaves": 8, "hidden": 64},
-        "quick": {"batch": 128, "leaves": 16, "hidden": 128},
+        "tiny": {"batch": 64, "leaves": 24, "hidden": 64},
+        "quick": {"batch": 128, "leaves": 32, "hidden": 128},
     }),
     "lstm": (_lstm, {
-        "tiny": {"batch": 64, "seq": 16, "hidden": 64, "layers": 2},
-        "quick": {"batch": 64, "seq": 48, "hidden": 128, "layers": 2},
+        "tiny": {"batch": 32, "seq": 48, "hidden": 64, "layers": 2},
+        "quick": {"batch": 64, "seq": 64, "hidden": 128, "layers": 2},
     }),
     "transformer_branch": (_transformer_branch, {
-        "tiny": {"batch": 16, "seq": 64, "width": 64, "layers": 3, "heads": 4},
-        "quick": {"batch": 16, "seq": 128, "width": 128, "layers": 4, "heads": 4},
+        "tiny": {"batch": 16, "seq": 64, "width": 64, "layers": 6, "heads": 4},
+        "quick": {"batch": 16, "seq": 128, "width": 128, "layers": 6, "heads": 4},
     }),
     "moe": (_moe, {
-        "tiny": {"batch": 32, "seq": 32, "width": 64, "experts": 4, "layers": 2},
-        "quick": {"batch": 64, "seq": 64, "width": 128, "experts": 4, "layers": 3},
+        "tiny": {"batch": 64, "seq": 64, "width": 64, "experts": 4, "layers": 3},
+        "quick": {"batch": 64, "seq": 128, "width": 128, "experts": 4, "layers": 4},
     }),
 }  # fmt: skip
 

@@ -28,7 +28,7 @@ from ..engine import Storage
 from .operations import Inputs, record_outputs
 from .recipe import OutputSource, Recipe, RngState
 from .slices import OutputSlice
-from .values import Buffer, TensorValue, storage_key
+from .values import Buffer, TensorValue, buffer, storage_key
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -182,24 +182,33 @@ def run_part(rt: Runtime, part: CompiledPart, args: list[Any]) -> list[Any]:
         # What the output registration needs of the arguments once the part has freed them: the written ones.
         described = [args[i] if i in written else leaf for i, leaf in enumerate(inputs.leaves)]
         engine.reserve(inputs.storages, need, part.name)
+        # A part frees each input it was handed alone after its last use (the activations AOTAutograd passes
+        # a backward): the runtime holds the inputs weakly while it runs, and those that did not survive it
+        # count as consumed by it (evicted, recomputable from their producers).
+        loosened = [s for s in inputs.storages if s.producer is not None and buffer(s).shared]
+        for storage in loosened:
+            buffer(storage).loosen()
         try:
             rng = RngState.capture(device) if part.random else None
             start = time.perf_counter()
             results = list(part.inner(args))
             elapsed = time.perf_counter() - start
         except BaseException:
+            for storage in loosened:
+                buffer(storage).tighten()
             engine.abandon(inputs.storages)
             raise
+        consumed = [s for s in loosened if not buffer(s).tighten()]
         rt.compute_seconds += elapsed
         cost = part.cost(elapsed, rt.measure_costs)
-        if part.slices is not None and not written and rt.recorder is None:
+        if part.slices is not None and not written and not consumed and rt.recorder is None:
             record_by_slices(rt, part, inputs, results, cost, need, rng)
         else:
             # A rerun allocates every output again, those still resident included (their copies are dropped):
             # its workspace is all of what the first run made room for.
             record_outputs(rt, part.name, described, inputs, written, results, cost, need,
                            lambda sources: PartRecipe(part, inputs.leaves, frozenset(written), sources, rng),
-                           unpredicted=True)
+                           unpredicted=True, consumed=consumed)
     return results
 
 
@@ -224,7 +233,7 @@ def record_by_slices(
 
     def adopt(storage: Storage, k: int, key: int) -> None:
         r = results[k]
-        storage.payload = Buffer(r.untyped_storage(), r.device, shared=True, weak=True)
+        storage.payload = Buffer(r.untyped_storage(), r.device, shared=True)
         index.set_current(key, storage)
         storage_of[key] = storage
         by_position[k] = storage

@@ -45,6 +45,8 @@ class DTRMode(TorchDispatchMode):
         runtime = self.runtime
         if runtime._mode is not self:  # its step has ended; left on a stack it could not be popped from
             return func(*args, **(kwargs or {}))
+        if runtime.on_backward is not None and torch._C._current_graph_task_id() != -1:
+            runtime.on_backward(runtime)  # the first op of a backward pass (an implicit step ends with it)
         try:
             return run_call(runtime, func, args, kwargs or {})
         except BaseException:
@@ -70,7 +72,7 @@ def run_call(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict
     storages = inputs.storages
     engine.reserve(storages, (fresh_expected or 0) + workspace, name)
     try:
-        rng = RngState.capture(_device_of_call(flat)) if info.random else None
+        rng = RngState.capture(_device_of_call(flat), _generator_of(flat)) if info.random else None
         start = time.perf_counter()
         result = func(*args, **kwargs)
         elapsed = time.perf_counter() - start
@@ -84,6 +86,14 @@ def run_call(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict
                    lambda sources: Recipe(func, spec, inputs.leaves, frozenset(written), sources, rng),
                    unpredicted=fresh_expected is None)
     return result
+
+
+def _generator_of(flat: list[Any]) -> torch.Generator | None:
+    """The generator a random op was given (`generator=`), if any."""
+    for x in flat:
+        if isinstance(x, torch.Generator):
+            return x
+    return None
 
 
 def _device_of_call(flat: list[Any]) -> torch.device:

@@ -83,7 +83,7 @@ class StorageIndex:
         if self.recorder is not None and cell.name is not None:
             self.recorder.release(cell.name)
         payload = buffer(storage)
-        key = payload.untyped._cdata if payload.shared and payload.untyped is not None else None
+        key = payload.key
         self.engine.drop_handle(storage)  # at zero the engine frees it (now, or when the running op unlocks it)
         if storage.handles <= 0:
             # Nothing of the program views this version any more: a later read of its torch storage (by a

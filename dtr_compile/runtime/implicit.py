@@ -65,6 +65,7 @@ class ImplicitSteps:
         settings = _runtime_settings()
         if self.runtime is None or (settings != self._settings and not self.running()):
             self.runtime = Runtime(config.memory_budget)
+            self.runtime.on_backward = self.on_backward_part
             self._settings = settings
         return self.runtime
 
@@ -137,8 +138,9 @@ class ImplicitSteps:
             self.begin()
 
     def on_backward_part(self, runtime: Runtime) -> None:
-        """A backward part of a compiled region runs inside a step: end the step with its backward pass."""
-        if runtime is not self.runtime or self._end_queued:
+        """A backward pass runs inside a step (a compiled backward part, or the first op of the backward
+        under the dispatch mode): end the step with that backward pass."""
+        if runtime is not self.runtime or self._end_queued or not runtime.active:
             return
         self._end_queued = True
         torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)

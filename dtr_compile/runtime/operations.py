@@ -71,9 +71,11 @@ def record_outputs(
     make_recipe: Callable[[list[OutputSource]], Any],
     *,
     unpredicted: bool = False,
+    consumed: Sequence[Storage] = (),
 ) -> None:
     """After an operation ran on `flat` (`written`: the indices of the arguments it wrote): record it in the
-    engine with the recipe `make_recipe(sources)` and make every result tensor a handle."""
+    engine with the recipe `make_recipe(sources)` and make every result tensor a handle. `consumed`: inputs
+    whose bytes the operation freed (they become evicted, recomputable from their producers)."""
     engine = rt.engine
     index = rt.index
     leaves, keys, storages = inputs.leaves, inputs.keys, inputs.storages
@@ -106,7 +108,7 @@ def record_outputs(
         out_sizes.append(r.untyped_storage().nbytes())
 
     op = engine.record(name, storages, out_sizes, cost, payload=make_recipe(sources),
-                       consumes=[s for s, _ in versioned.values()], workspace=workspace)
+                       consumes=[*(s for s, _ in versioned.values()), *consumed], workspace=workspace)
     for storage in storages:
         if storage.producer is None:
             rt.constants.note_consumer(storage, op)
@@ -116,7 +118,7 @@ def record_outputs(
     for old, arg in versioned.values():
         new = outputs[position]
         position += 1
-        new.payload = Buffer(arg.untyped_storage(), arg.device, shared=True, weak=True)
+        new.payload = Buffer(arg.untyped_storage(), arg.device, shared=True)
         buffer(old).detach()  # the old bytes are gone: a recompute of the old version gets its own storage
         key = storage_key(arg)
         index.set_current(key, new)
@@ -125,7 +127,7 @@ def record_outputs(
     for key, r in fresh:
         new = outputs[position]
         position += 1
-        new.payload = Buffer(r.untyped_storage(), r.device, shared=True, weak=True)
+        new.payload = Buffer(r.untyped_storage(), r.device, shared=True)
         index.set_current(key, new)
         keys[key] = new
 

@@ -22,21 +22,27 @@ from .values import Buffer, TensorValue, buffer, view_of
 
 @dataclass(frozen=True)
 class RngState:
-    """Generator state captured before a random op ran."""
+    """Generator state captured before a random op ran: the op's own `generator=` if it was given one,
+    else the default generator of its device."""
 
     device: torch.device
     state: torch.Tensor
+    generator: torch.Generator | None = None
 
     @staticmethod
-    def capture(device: torch.device) -> RngState:
+    def capture(device: torch.device, generator: torch.Generator | None = None) -> RngState:
+        if generator is not None:
+            return RngState(device, generator.get_state(), generator)
         if device.type == "cuda":
             return RngState(device, torch.cuda.get_rng_state(device))
         return RngState(device, torch.get_rng_state())
 
     def replay(self) -> RngState:
         """Install this state; returns the state it replaced, to be restored with `.replay()` again."""
-        current = RngState.capture(self.device)
-        if self.device.type == "cuda":
+        current = RngState.capture(self.device, self.generator)
+        if self.generator is not None:
+            self.generator.set_state(self.state)
+        elif self.device.type == "cuda":
             torch.cuda.set_rng_state(self.state, self.device)
         else:
             torch.set_rng_state(self.state)

@@ -23,7 +23,7 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, Any, Self
 
@@ -132,6 +132,7 @@ class Runtime:
         self._steps = 0
         self._calibrating = False
         self.failed = False  # an operation of the current step raised
+        self.on_backward: Callable[[Runtime], None] | None = None  # told when a backward pass runs in a step
 
     def close(self) -> None:
         """Finish the operation log, if one is recorded (also done when the Runtime is collected)."""

@@ -56,67 +56,64 @@ class WeakList:
 class Buffer:
     """Payload of an engine Storage: where the bytes of that version live.
 
-    `shared`: the bytes live in the torch storage user tensors view (evicted by resizing it to 0 bytes,
-    refilled by swapping data pointers). The runtime holds such a storage weakly (`weak=True`): when the
-    program lets go of every tensor on it (a compiled backward frees each saved activation after its last
-    use), PyTorch frees it at once, whatever the engine still has to learn. Outside tensors (constants) are
-    held strongly, since a recompute may read them after the program dropped them. Not shared: an
-    engine-owned storage nobody else sees (evicted by dropping it). `cells` are the live handles.
+    `untyped` is the storage holding them while resident. `shared` means it is the storage user tensors
+    view (evicted by resizing it to 0 bytes, refilled by swapping data pointers); otherwise it is an
+    engine-owned storage that nobody else sees (evicted by dropping it). `cells` are the live handles.
     """
 
-    __slots__ = ("_strong", "_weak", "cells", "device", "shared")
+    __slots__ = ("_weak", "cells", "device", "key", "shared", "untyped")
 
-    def __init__(
-        self, untyped: torch.UntypedStorage | None, device: torch.device, *, shared: bool, weak: bool = False
-    ) -> None:
-        self._strong = None if weak else untyped
-        self._weak = untyped._weak_ref() if weak and untyped is not None else None
+    def __init__(self, untyped: torch.UntypedStorage | None, device: torch.device, *, shared: bool) -> None:
+        self.untyped = untyped
+        self.key = untyped._cdata if shared and untyped is not None else None  # identity of a shared storage
         self.device = device
         self.shared = shared
         self.cells = WeakList()  # handles.HandleCell of the live tensors and saved tensors on this version
-
-    @property
-    def untyped(self) -> torch.UntypedStorage | None:
-        """The torch storage holding the bytes (None once dropped, or once PyTorch freed a weak one)."""
-        if self._weak is not None:
-            return torch.UntypedStorage._new_with_weak_ptr(self._weak)
-        return self._strong
+        self._weak: int | None = None  # a C++ weak reference while loosened
 
     def evict(self) -> None:
         """Free the bytes. User tensors on a shared storage stay valid objects with 0 bytes behind them."""
+        untyped = self.untyped
+        if untyped is None:
+            return
         if self.shared:
-            untyped = self.untyped
-            if untyped is not None:
-                untyped.resize_(0)
+            untyped.resize_(0)
         else:
-            self._strong = None
+            self.untyped = None
 
     def detach(self) -> None:
         """Stop managing the storage without touching it (its user tensors keep their bytes)."""
-        self._release_weak()
-        self._strong = None
+        self.untyped = None
         self.shared = False
+
+    def loosen(self) -> None:
+        """Hold the shared storage weakly, so that whoever holds its tensors can free it (a compiled part
+        frees each input after its last use); `tighten` takes it back if it survived."""
+        if self.shared and self.untyped is not None:
+            self._weak = self.untyped._weak_ref()
+            self.untyped = None
+
+    def tighten(self) -> bool:
+        """Hold the storage strongly again; False if it was freed meanwhile (then it is detached)."""
+        if self._weak is None:
+            return True
+        self.untyped = torch.UntypedStorage._new_with_weak_ptr(self._weak)
+        torch.UntypedStorage._free_weak_ref(self._weak)
+        self._weak = None
+        if self.untyped is None:
+            self.shared = False
+            return False
+        return True
 
     def fill(self, fresh: torch.UntypedStorage) -> None:
         """Make `fresh`'s bytes this version's (after a recompute)."""
-        if self.shared:
-            target = self.untyped
-            if target is not None:
-                if target.nbytes() == 0 and fresh.nbytes() > 0:
-                    target._swap_data_ptr_(fresh)  # the user's tensors see the recomputed bytes; `fresh` is empty
-                return
-        self._release_weak()
-        self._strong = fresh
+        target = self.untyped
+        if self.shared and target is not None:
+            if target.nbytes() == 0 and fresh.nbytes() > 0:
+                target._swap_data_ptr_(fresh)  # the user's tensors now see the recomputed bytes; `fresh` is empty
+            return
+        self.untyped = fresh
         self.shared = False
-
-    def _release_weak(self) -> None:
-        if self._weak is not None:
-            torch.UntypedStorage._free_weak_ref(self._weak)
-            self._weak = None
-
-    @torch.compiler.disable(recursive=True)
-    def __del__(self) -> None:
-        self._release_weak()
 
 
 class TensorValue:
