@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib.util
 import math
 import re
 import sys
@@ -70,6 +71,14 @@ codegen: Literal["inductor", "fx"] = "inductor"
 # (the compiled path times each node once on real tensors of its shapes, cached per op and shapes for the
 # process; the runtime charges each call signature the fastest wall time it has seen).
 cost_mode: Literal["estimate", "measure"] = "estimate"
+
+# Fused recompute kernels (dtr_compile.kernels): one Triton kernel per region of recomputed pointwise ops,
+# row reductions and dropout, so a recompute pays neither a launch nor a memory round trip per op.
+# "auto" uses them with codegen="fx" on CUDA tensors when triton imports, and steps aside otherwise (on CPU
+# the unfused recompute stays; under Inductor, Inductor fuses recomputes into its own kernels). "triton"
+# forces them with codegen="fx", CPU included (CPU tensors need TRITON_INTERPRET=1: slow, for tests). "off"
+# never uses them. With kernels on, dropout draws from a counter-based RNG keyed by a saved seed.
+recompute_kernels: Literal["auto", "triton", "off"] = "auto"
 
 # How a training step of a `torch.compile(backend="dtr")` model is managed. "runtime": the whole step runs
 # under the eager DTR runtime (started by the first compiled region, ended with the backward pass): the
@@ -189,6 +198,19 @@ def _check_cost_mode(value: Any) -> str:
     raise ConfigError(f"cost_mode={value!r}; expected 'estimate' or 'measure'")
 
 
+def _check_recompute_kernels(value: Any) -> str:
+    if value not in ("auto", "triton", "off"):
+        raise ConfigError(f"recompute_kernels={value!r}; expected 'auto', 'triton' or 'off'")
+    if value == "triton" and importlib.util.find_spec("triton") is None:
+        raise ConfigError(
+            "recompute_kernels='triton' needs triton, which is not installed. To fix it:\n"
+            "  1. pip install 'dtr_compile[triton]'   (or: pip install triton)\n"
+            "  2. on CPU, also set TRITON_INTERPRET=1 in the environment (kernels then run in Triton's interpreter)\n"
+            "  3. or keep recompute_kernels='auto' (kernels where they pay off) or 'off'"
+        )
+    return value
+
+
 _VALIDATORS = {
     "memory_budget": parse_budget,
     "heuristic": _check_heuristic,
@@ -199,6 +221,7 @@ _VALIDATORS = {
     "random_seed": _check_nonneg_int("random_seed"),
     "codegen": _check_codegen,
     "cost_mode": _check_cost_mode,
+    "recompute_kernels": _check_recompute_kernels,
     "compiled_steps": _check_compiled_steps,
 }
 

@@ -296,6 +296,7 @@ def test_snapshot_lists_every_flag() -> None:
         "random_seed",
         "codegen",
         "cost_mode",
+        "recompute_kernels",
         "compiled_steps",
     }
 

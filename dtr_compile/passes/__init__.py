@@ -4,12 +4,15 @@
 2. `plan_schedule` (planner.py): offline DTR replay of the joint schedule under the budget.
 3. `emit_plan` (rewrite.py): the plan as a new joint graph, recomputes placed before first use.
 4. `schedule_peak` (peak.py): modelled peak of forward + backward + recomputes + gradients.
-5. `split_joint` (partition.py): forward and backward graphs for AOTAutograd.
+5. `fuse_recomputes` (fuse_recompute.py): one Triton kernel per region of recomputes (config.recompute_kernels;
+   steps aside under Inductor and on CPU by default).
+6. `split_joint` (partition.py): forward and backward graphs for AOTAutograd.
 
 `DTRPartitioner` runs them all as AOTAutograd's `partition_fn`.
 """
 
 from .costs import annotate_costs
+from .fuse_recompute import FusionReport, fuse_recomputes
 from .meta import DTR_META_KEY, NodeCost, cost_of
 from .partition import DTRPartitioner, PlanReport, plan_joint, split_joint
 from .peak import PeakModel, schedule_peak
@@ -19,6 +22,7 @@ from .rewrite import emit_plan
 __all__ = [
     "DTR_META_KEY",
     "DTRPartitioner",
+    "FusionReport",
     "NodeCost",
     "PeakModel",
     "Plan",
@@ -26,6 +30,7 @@ __all__ = [
     "annotate_costs",
     "cost_of",
     "emit_plan",
+    "fuse_recomputes",
     "plan_joint",
     "plan_schedule",
     "schedule_peak",

@@ -23,6 +23,7 @@ from torch.fx.experimental.proxy_tensor import is_sym_node
 from ..config import Budget
 from ..errors import BudgetError, format_bytes
 from .costs import CostMode, annotate_costs
+from .fuse_recompute import FusionReport, fuse_recomputes
 from .peak import PeakModel, schedule_peak
 from .planner import Plan, plan_schedule
 from .rewrite import emit_plan
@@ -44,6 +45,7 @@ class PlanReport:
     no_remat: PeakModel  # modelled peak of the schedule without rematerialization
     planned_peak: PeakModel  # modelled peak of the plan
     num_fwd_outputs: int
+    fusion: FusionReport | None = None  # recompute kernels: the graph actually split, and what was fused
 
 
 def resolve_budget(budget: Budget, no_remat_peak: int) -> int | None:
@@ -173,7 +175,14 @@ class DTRPartitioner(_PartitionerBase):
     Each call appends its `PlanReport` to `self.reports`, for `explain` and for tests.
     """
 
-    def __init__(self, budget: Budget, *, cost_mode: CostMode = "estimate", start_from_min_cut: bool = False) -> None:
+    def __init__(
+        self,
+        budget: Budget,
+        *,
+        cost_mode: CostMode = "estimate",
+        start_from_min_cut: bool = False,
+        codegen: str | None = None,
+    ) -> None:
         """`start_from_min_cut`: start from PyTorch's runtime-optimal min-cut partition (what Inductor does
         with no budget: cheap pointwise ops are recomputed inside fused backward kernels) instead of
         saving everything. Experimental and off by default: measured on GPT-2-style models under
@@ -182,6 +191,7 @@ class DTRPartitioner(_PartitionerBase):
         self.budget = budget
         self.cost_mode = cost_mode
         self.start_from_min_cut = start_from_min_cut
+        self.codegen = codegen  # who compiles the split graphs; None: config.codegen when the graph is planned
         self.reports: list[PlanReport] = []
 
     def __call__(
@@ -191,8 +201,11 @@ class DTRPartitioner(_PartitionerBase):
         if self.start_from_min_cut:
             keep = _min_cut_saved(gm, joint_inputs, num_fwd_outputs, kwargs.get("static_lifetime_input_indices"))
         report = plan_joint(gm, self.budget, num_fwd_outputs=num_fwd_outputs, cost_mode=self.cost_mode, keep=keep)
+        report.fusion = fuse_recomputes(
+            report.planned, num_fwd_outputs=num_fwd_outputs, budget_bytes=report.budget_bytes, codegen=self.codegen
+        )
         self.reports.append(report)
-        return split_joint(report.planned, num_fwd_outputs=num_fwd_outputs)
+        return split_joint(report.fusion.graph, num_fwd_outputs=num_fwd_outputs)
 
     def __deepcopy__(self, memo: dict) -> DTRPartitioner:
         # Inductor snapshots its config (which holds us) by deep copy; the reports must stay shared.
