@@ -110,7 +110,7 @@ def make_backend(
 ) -> Callable[..., Any]:
     """A backend bound to explicit settings (used by `explain` and tests); its `.reports` lists the plans."""
     partitioner = DTRPartitioner(
-        config.parse_budget(budget), cost_mode=cost_mode, start_from_min_cut=start_from_min_cut
+        config.parse_budget(budget), cost_mode=cost_mode, start_from_min_cut=start_from_min_cut, codegen=codegen
     )
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:

@@ -120,7 +120,7 @@ class Region:
     def _compile_with(self, budget: Budget, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from .backend import compile_region
 
-        partitioner = DTRPartitioner(budget, cost_mode=self.cost_mode)
+        partitioner = DTRPartitioner(budget, cost_mode=self.cost_mode, codegen=self.codegen)
 
         def wrap(graph: fx.GraphModule, phase: str) -> Callable[[Any], CompiledPart]:
             report = partitioner.reports[-1] if partitioner.reports and phase != "inference" else None
@@ -190,13 +190,16 @@ def _estimated_seconds(report: PlanReport | None, phase: str) -> float | None:
 
 
 def _draws_random_numbers(graph: fx.GraphModule) -> bool:
+    """Does the part draw from torch's generator (so that a rerun must replay its state)?"""
+    from .kernels.rng import draw_seed
+
     rng_prims = torch._prims.rng_prims
     for node in graph.graph.nodes:
         if node.op != "call_function":
             continue
-        if node.target is rng_prims.run_and_save_rng_state or is_random(node):
+        if node.target in (rng_prims.run_and_save_rng_state, draw_seed) or is_random(node):
             return True
-        if "seed" in str(node.target):  # Inductor's inductor_seeds / inductor_random lowering
+        if "inductor_seeds" in str(node.target):  # Inductor's random lowering, if it already ran
             return True
     return False
 
