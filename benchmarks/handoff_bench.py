@@ -20,7 +20,6 @@ on the same batches; correct = loss and gradients equal to plain eager's on ever
 from __future__ import annotations
 
 import argparse
-import copy
 import multiprocessing as mp
 import statistics
 import time
@@ -115,9 +114,9 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/handoff.md")
     args = parser.parse_args()
 
-    lines = [f"Command: `python benchmarks/handoff_bench.py --size {args.size} --budgets "
+    lines = [(f"Command: `python benchmarks/handoff_bench.py --size {args.size} --budgets "
              f"{' '.join(map(str, args.budgets))}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-             f"torch {torch.__version__}, 1 thread, CPU time per step.", ""]
+             f"torch {torch.__version__}, 1 thread, CPU time per step."), ""]
     for name in args.models:
         eager = run(name, args.size, "eager")
         assert eager["ok"], eager
@@ -125,8 +124,8 @@ def main() -> None:
         peak = max(r[2] for r in reference)
         eager_time = statistics.median(r[3] for r in reference)
         lines += [f"### {name} ({args.size}): plain eager peak {peak / 2**20:.2f} MiB, step {eager_time * 1e3:.0f} ms", "",
-                  "| method | budget | measured peak / budget | step time / eager | correct | evictions (of region outputs) "
-                  "| remats (reran compiled code) |", "|---|---|---|---|---|---|---|"]
+                  ("| method | budget | measured peak / budget | step time / eager | correct | evictions (of region outputs) "
+                  "| remats (reran compiled code) |"), "|---|---|---|---|---|---|---|"]
         for fraction in args.budgets:
             for method in ("eager runtime", "backend=dtr", "knob"):
                 result = run(name, args.size, method, fraction, peak)
