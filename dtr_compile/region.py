@@ -68,7 +68,6 @@ class Region:
         key, budget = self._plan_budget()
         self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
 
-    @torch.compiler.disable(recursive=True)  # Dynamo calls it from the code it generated
     def __call__(self, *args: Any) -> Any:
         STEPS.close_stale()
         if STEPS.wanted():

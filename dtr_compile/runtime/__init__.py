@@ -7,7 +7,15 @@ state for random ops. Compiled regions of `torch.compile(backend="dtr")` join th
 single operations (regions.py).
 """
 
+from torch._dynamo import trace_rules as _trace_rules
+
 from .implicit import finish_steps, implicit_runtime
 from .runtime import Runtime, RuntimeStats, enable
+
+# The runtime's code runs inside compiled frames too (saved-tensor hooks, handle deaths, compiled parts, the
+# dispatch mode): TorchDynamo must never trace it. Skipping the package costs nothing per call, unlike a
+# torch.compiler.disable wrapper on each entry point.
+_trace_rules.add(__name__)
+_trace_rules.add("dtr_compile.region")
 
 __all__ = ["Runtime", "RuntimeStats", "enable", "finish_steps", "implicit_runtime"]

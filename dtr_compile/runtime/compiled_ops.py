@@ -102,7 +102,6 @@ class CompiledPart:
         self.on_call = on_call
         self._measured_s = float("inf")
 
-    @torch.compiler.disable(recursive=True)  # called from compiled code: the runtime is never traced
     def __call__(self, *call_args: Any) -> Any:
         # Boxed (one list, which the callee empties), as AOTAutograd calls parts; AOTAutograd's lazily
         # compiled backward goes through a wrapper that hides `_boxed_call` and passes the arguments unboxed.

@@ -57,7 +57,6 @@ class ConstantRegistry:
             return
         pin_tensor = self.pin_tensor
 
-        @torch.compiler.disable(recursive=True)
         def pin_gradient(leaf: torch.Tensor) -> None:
             if leaf.grad is not None:
                 pin_tensor(leaf.grad)
@@ -135,7 +134,6 @@ class ConstantRegistry:
         storage = self._pinned(untyped.nbytes(), Buffer(untyped, tensor.device, shared=True))
         entries = self._entries
 
-        @torch.compiler.disable(recursive=True)  # deaths happen inside compiled code too
         def forget(_ref: object) -> None:
             """The outside tensor died (e.g. last step's batch): its record lives on only in recipes that need it."""
             if entries.get(key) is entry:

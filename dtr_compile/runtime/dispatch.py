@@ -35,6 +35,12 @@ class DTRMode(TorchDispatchMode):
         self.runtime = runtime
 
     @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # PyTorch would wrap every __torch_dispatch__ call in torch._dynamo.disable (microseconds per op);
+        # the whole runtime package is on Dynamo's skip list instead (runtime/__init__.py).
+        return False
+
+    @classmethod
     def ignore_compile_internals(cls) -> bool:
         # TorchDynamo keeps compiling frames while this mode is active (a mode that does not say so makes it
         # fall back to eager for the whole step), and runs what it compiled with the mode active again: the

@@ -43,9 +43,9 @@ class StorageIndex:
         self.engine = engine
         self.recorder = recorder
         self._current: dict[int, Storage] = {}
-        # The cells of live tensors: nothing else holds a cell and its weak reference (the tensor is a plain
-        # tensor), and a cycle nobody holds would be collected before the tensor dies, losing the notice.
-        self._watched: set[HandleCell] = set()
+        # id(weak reference) -> its cell, for the live tensors: this holds the cells and their weak references
+        # (nothing else does: the tensors are plain), and lets one shared callback find the cell of a death.
+        self._watched: dict[int, HandleCell] = {}
         self._on_death = self._make_death_callback()
 
     def __len__(self) -> int:
@@ -63,8 +63,8 @@ class StorageIndex:
     def track(self, tensor: torch.Tensor, storage: Storage) -> HandleCell:
         """Make `tensor` a handle on `storage` until it dies."""
         cell = self.new_cell(storage)
-        cell.death = weakref.ref(tensor, self._on_death(cell))
-        self._watched.add(cell)
+        cell.death = ref = weakref.ref(tensor, self._on_death)
+        self._watched[id(ref)] = cell
         return cell
 
     def new_cell(self, storage: Storage) -> HandleCell:
@@ -110,25 +110,22 @@ class StorageIndex:
         for storage in versions:
             for cell in buffer(storage).cells.items():
                 cell.storage = None
-        for cell in self._watched:
+        for cell in self._watched.values():
             cell.storage = None
             cell.death = None  # the weak reference and its callback go with it
         self._watched.clear()
         self._current.clear()
         return versions
 
-    def _make_death_callback(self) -> Callable[[HandleCell], Callable[[object], None]]:
+    def _make_death_callback(self) -> Callable[[weakref.ref], None]:
         drop = self.drop
         watched = self._watched
 
-        def on_death_of(cell: HandleCell) -> Callable[[object], None]:
-            # Deaths happen anywhere, inside compiled code too: the notice is never traced by Dynamo.
-            @torch.compiler.disable(recursive=True)
-            def on_death(_ref: object) -> None:
-                cell.death = None  # break the cell -> ref -> callback -> cell cycle
-                watched.discard(cell)
+        # Deaths happen anywhere, inside compiled code too: the notice is never traced by Dynamo.
+        def on_death(ref: weakref.ref) -> None:
+            cell = watched.pop(id(ref), None)
+            if cell is not None:
+                cell.death = None
                 drop(cell)
 
-            return on_death
-
-        return on_death_of
+        return on_death

@@ -137,7 +137,6 @@ class ImplicitSteps:
             frame = frame.f_back
         return False
 
-    @torch.compiler.disable(recursive=True)
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.close_stale()
 
@@ -147,7 +146,6 @@ class ImplicitSteps:
             self.runtime.end_step(failed=True)  # type: ignore[union-attr]
         self.pop_inert()
 
-    @torch.compiler.disable(recursive=True)
     def _before_forward(self, module: torch.nn.Module, args: Any) -> None:
         self.close_stale()
         if self.wanted():
@@ -161,7 +159,6 @@ class ImplicitSteps:
         self._end_queued = True
         torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
 
-    @torch.compiler.disable(recursive=True)
     def _after_backward(self) -> None:
         runtime = self.runtime
         if runtime is not None and runtime.active:

@@ -86,7 +86,7 @@ def record_outputs(
         storage = leaves[i].storage
         if storage.producer is not None:
             versioned.setdefault(id(storage), (storage, flat[i]))
-    written_ids = {id(flat[i]) for i in written}
+    written_ids = {id(flat[i]) for i in written} if written else ()
 
     sources: list[OutputSource] = []
     out_sizes: list[int] = []
@@ -96,16 +96,20 @@ def record_outputs(
         out_sizes.append(old.nbytes)
     fresh: list[tuple[int, torch.Tensor]] = []  # (torch storage key, a result on it), one per fresh storage
     fresh_keys: set[int] = set()
+    result_keys: list[int | None] = []  # torch storage key of each result (None: not a handle to make)
     for k, r in enumerate(results):
         if not isinstance(r, torch.Tensor) or id(r) in written_ids:
+            result_keys.append(None)
             continue
-        key = storage_key(r)
+        untyped = r.untyped_storage()
+        key = untyped._cdata
+        result_keys.append(key)
         if key in keys or key in fresh_keys:
             continue
         fresh_keys.add(key)
         fresh.append((key, r))
         sources.append(OutputSource("fresh", k))
-        out_sizes.append(r.untyped_storage().nbytes())
+        out_sizes.append(untyped.nbytes())
 
     op = engine.record(name, storages, out_sizes, cost, payload=make_recipe(sources),
                        consumes=[*(s for s, _ in versioned.values()), *consumed], workspace=workspace)
@@ -135,9 +139,9 @@ def record_outputs(
         engine.reserve([], 0, name)
 
     recorder = rt.recorder
-    for r in results:
-        if isinstance(r, torch.Tensor) and id(r) not in written_ids:
-            storage = keys[storage_key(r)]
+    for r, key in zip(results, result_keys):
+        if key is not None:
+            storage = keys[key]
             if storage.producer is not None:  # views of outside tensors stay outside tensors
                 cell = index.track(r, storage)
                 if recorder is not None:

@@ -33,7 +33,6 @@ class SavedTensor:
         self.cell = cell
         self.runtime = runtime
 
-    @torch.compiler.disable(recursive=True)
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # a finalizer must not raise (interpreter shutdown)
             self.runtime.index.drop(self.cell)
@@ -43,7 +42,6 @@ def saved_tensor_hooks(runtime: Runtime) -> tuple[Any, Any]:
     """The (pack, unpack) pair for `torch.autograd.graph.saved_tensors_hooks` while `runtime` is active."""
     index = runtime.index
 
-    @torch.compiler.disable(recursive=True)  # runs inside compiled regions too: never traced by Dynamo
     def pack(tensor: torch.Tensor) -> Any:
         if not runtime.active:  # left on the stack after its step ended (see implicit.py)
             return tensor
@@ -58,7 +56,6 @@ def saved_tensor_hooks(runtime: Runtime) -> tuple[Any, Any]:
         # itself would tie a result to its own grad_fn in a cycle the garbage collector cannot see.
         return SavedTensor(tensor.data, cell, runtime)
 
-    @torch.compiler.disable(recursive=True)
     def unpack(packed: Any) -> torch.Tensor:
         if not isinstance(packed, SavedTensor):
             return packed
