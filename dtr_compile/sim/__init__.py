@@ -7,7 +7,7 @@
 
 Modules: logformat (instructions, parser), logwriter (writer), replay (engine driver, baseline),
 schedule (the trace as storages and ops), views (views re-run after their storage's eviction),
-bounds (lower bound), future (next-use knowledge),
+bounds (lower bounds: memory, and the least recompute of recompute_bound), future (next-use knowledge),
 reference (the DTR authors' numbers), report (tables, JSON), cli (the command line).
 """
 

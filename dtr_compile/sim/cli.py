@@ -2,7 +2,9 @@
 
 Replays each log once with no budget (the baseline: peak memory and compute), then at each ratio of
 that peak, with each heuristic given, and prints one table per log or, with --json, one JSON object per
-(log, ratio, heuristic) line.
+(log, ratio, heuristic) line. Per log it also computes the lower bounds of bounds.py (memory, and the least
+recompute any policy needs), shown in the table's `bound` row and in the JSON fields min_recompute,
+proven_infeasible and infeasible_below.
 """
 
 from __future__ import annotations
@@ -12,14 +14,17 @@ import os
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 
 from .. import config
 from ..engine.heuristics import HEURISTICS
 from ..errors import DTRError
+from .bounds import LogBounds, log_bounds
 from .logformat import parse_log
 from .reference import load_reference
 from .replay import ReplayOptions, ReplayResult, baseline, replay
 from .report import json_lines, tables
+from .schedule import build_schedule
 
 DEFAULT_RATIOS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0"
 
@@ -86,14 +91,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             for log in args.logs
             for h in heuristics
         ]
-        results = _run(jobs, args.jobs)
+        bound_jobs = [(log, ratios, ReplayOptions().thrash_limit) for log in args.logs]
+        results, bounds = _run(jobs, bound_jobs, args.jobs)
     except (DTRError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json_lines(results))
+        print(json_lines(replace(r, **bounds[r.log].json_fields(r.ratio)) for r in results))
     else:
-        print(tables(results, reference=reference, markdown=args.markdown))
+        print(tables(results, reference=reference, markdown=args.markdown, bounds=bounds))
     return 0
 
 
@@ -105,11 +111,24 @@ def run_job(job: tuple[str, list[float], ReplayOptions]) -> list[ReplayResult]:
     return [replay(trace, ratio, options, base) for ratio in ratios]
 
 
-def _run(jobs: list, processes: int) -> list[ReplayResult]:
-    if processes <= 1 or len(jobs) <= 1:
-        return [r for job in jobs for r in run_job(job)]
-    with ProcessPoolExecutor(min(processes, len(jobs))) as pool:
-        return [r for rows in pool.map(run_job, jobs) for r in rows]
+def bound_job(job: tuple[str, list[float], float | None]) -> LogBounds:
+    """Parse one log, take its baseline, and compute its lower bounds at every ratio (bounds.py)."""
+    path, ratios, thrash_limit = job
+    trace = parse_log(path)
+    base = baseline(trace)
+    return log_bounds(trace.name, build_schedule(trace), base.peak_bytes, base.compute, ratios, thrash_limit)
+
+
+def _run(jobs: list, bound_jobs: list, processes: int) -> tuple[list[ReplayResult], dict[str, LogBounds]]:
+    if processes <= 1 or len(jobs) + len(bound_jobs) <= 1:
+        bounds = [bound_job(job) for job in bound_jobs]
+        results = [r for job in jobs for r in run_job(job)]
+    else:
+        with ProcessPoolExecutor(min(processes, len(jobs) + len(bound_jobs))) as pool:
+            pending = [pool.submit(bound_job, job) for job in bound_jobs]
+            results = [r for rows in pool.map(run_job, jobs) for r in rows]
+            bounds = [future.result() for future in pending]
+    return results, {b.log: b for b in bounds}
 
 
 def _ratios(text: str) -> list[float]:

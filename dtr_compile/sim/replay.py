@@ -57,6 +57,10 @@ class ReplayResult:
     lower_bound_bytes: int
     seconds: float  # wall time of this replay
     message: str = ""
+    # Filled in by the command line from bounds.log_bounds (None when not computed):
+    min_recompute: float | None = None  # ns no policy can beat at this budget (None below the memory bound)
+    proven_infeasible: bool | None = None  # no policy can succeed at this budget
+    infeasible_below: float | None = None  # every ratio below this fails for every policy
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -1,16 +1,20 @@
 """Printing replay results: JSON lines, or one table per log (plain text or Markdown).
 
 A table has one row per heuristic (ours, then the reference simulator's if given) and one column per
-budget ratio. A cell is the overhead, `oom` or `thrash`; the `bound` row marks with `infeasible` the
-ratios whose budget is below the lower bound of bounds.py, where no policy can succeed.
+budget ratio. A cell is the overhead, `oom` or `thrash`. The `bound` row (bounds.py) marks with `infeasible`
+the ratios where no policy can succeed (below the memory bound, or least recompute above the thrash limit),
+and elsewhere gives the least overhead any policy needs there, `>=1.171`; without `bounds`, only the memory
+bound is known and marked.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import format_bytes
+from .bounds import LogBounds
 from .reference import REFERENCE_NAMES, ReferenceTable
 from .replay import ReplayResult
 
@@ -24,20 +28,34 @@ def cell(result: ReplayResult) -> str:
     return f"{result.overhead:.3f}" if result.status == "ok" else result.status
 
 
+def _bound_cell(bounds: LogBounds, ratio: float) -> str:
+    if ratio not in bounds.ratios:
+        return ""
+    bound = bounds.ratios[ratio]
+    return "infeasible" if bound.infeasible else f">={bound.min_overhead(bounds.compute):.3f}"
+
+
 def tables(
     results: Sequence[ReplayResult],
     *,
     reference: ReferenceTable | None = None,
     markdown: bool = False,
+    bounds: Mapping[str, LogBounds] | None = None,
 ) -> str:
-    """One table per log, in the order the logs first appear in `results`."""
+    """One table per log, in the order the logs first appear in `results`; `bounds` by log name."""
     by_log: dict[str, list[ReplayResult]] = {}
     for r in results:
         by_log.setdefault(r.log, []).append(r)
-    return "\n\n".join(_table(log, rows, reference, markdown) for log, rows in by_log.items())
+    return "\n\n".join(_table(log, rows, reference, markdown, (bounds or {}).get(log)) for log, rows in by_log.items())
 
 
-def _table(log: str, results: list[ReplayResult], reference: ReferenceTable | None, markdown: bool) -> str:
+def _table(
+    log: str,
+    results: list[ReplayResult],
+    reference: ReferenceTable | None,
+    markdown: bool,
+    bounds: LogBounds | None,
+) -> str:
     ratios = sorted({r.ratio for r in results})
     first = results[0]
     rows: list[tuple[str, list[str]]] = []
@@ -53,12 +71,17 @@ def _table(log: str, results: list[ReplayResult], reference: ReferenceTable | No
             row = reference.row(log, ref_name)
             if row is not None:
                 rows.append((f"reference {ref_name}", [row.get(x, "") for x in ratios]))
-    bound = first.lower_bound_bytes
-    rows.append(("bound", ["infeasible" if int(first.baseline_peak_bytes * x) < bound else "" for x in ratios]))
+    peak, bound = first.baseline_peak_bytes, first.lower_bound_bytes
     title = (
-        f"{log}: no-budget peak {format_bytes(first.baseline_peak_bytes)}, compute {first.baseline_compute / 1e6:.4g} ms, "
-        f"lower bound {format_bytes(bound)} = {bound / first.baseline_peak_bytes:.3f} x peak"
+        f"{log}: no-budget peak {format_bytes(peak)}, compute {first.baseline_compute / 1e6:.4g} ms, "
+        f"memory lower bound {format_bytes(bound)} = {bound / peak:.3f} x peak"
     )
+    if bounds is None:
+        rows.append(("bound", ["infeasible" if int(peak * x) < bound else "" for x in ratios]))
+    else:
+        rows.append(("bound", [_bound_cell(bounds, x) for x in ratios]))
+        below = math.floor(bounds.infeasible_below * 1e4) / 1e4  # rounded down: never claims more than proven
+        title += f"; memory and recompute bounds: every ratio below {below:.4f} is infeasible"
     header = ["heuristic", *[f"{x:g}" for x in ratios]]
     if markdown:
         lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

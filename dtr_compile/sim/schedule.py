@@ -19,6 +19,7 @@ class ScheduledOp:
     created_before: int  # number of storages created before this op (keys below it exist)
     inputs: tuple[int, ...]  # storage keys read (with repeats, as logged)
     outputs: tuple[int, ...]  # storage keys created
+    time: float = 0.0  # the op's logged compute time (ns): what one recompute of it costs
 
 
 @dataclass
@@ -54,7 +55,7 @@ def build_schedule(trace: Trace) -> Schedule:
                 else:
                     key = inputs[alias]
                 names[name] = key
-            sched.ops.append(ScheduledOp(index, clock, before, inputs, tuple(outputs)))
+            sched.ops.append(ScheduledOp(index, clock, before, inputs, tuple(outputs), ins.time))
             clock += ins.time
         elif kind is Mutate:
             inputs = tuple(names[a] for a in ins.args)
@@ -63,7 +64,7 @@ def build_schedule(trace: Trace) -> Schedule:
                 key = new_storage(sched.sizes[inputs[i]], False)
                 outputs.append(key)
                 names[ins.args[i]] = key
-            sched.ops.append(ScheduledOp(index, clock, before, inputs, tuple(outputs)))
+            sched.ops.append(ScheduledOp(index, clock, before, inputs, tuple(outputs), ins.time))
             clock += ins.time
         elif kind is Constant:
             names[ins.name] = new_storage(ins.nbytes, True)

@@ -69,6 +69,10 @@ def test_cli_json_lines(tmp_path, capsys):
     keys = {"log", "ratio", "heuristic", "status", "overhead", "budget_bytes", "peak_bytes", "evictions", "remats"}
     assert keys <= set(rows[0])
     assert rows[0]["budget_bytes"] == int(410 * 0.9) and rows[0]["peak_bytes"] <= rows[0]["budget_bytes"]
+    # The bounds of each cell: 0.1 is below the memory bound (210 B); at 0.9, a (never read again) can go for free.
+    assert rows[1]["proven_infeasible"] and rows[1]["min_recompute"] is None
+    assert rows[0]["proven_infeasible"] is False and rows[0]["min_recompute"] == 0.0
+    assert rows[0]["infeasible_below"] == pytest.approx(210 / 410)
 
 
 def test_cli_table_and_errors(tmp_path, capsys):
@@ -76,7 +80,9 @@ def test_cli_table_and_errors(tmp_path, capsys):
     record(path)
     assert main([str(path), "--ratios", "0.1,1.0", "--jobs", "1"]) == 0
     out = capsys.readouterr().out
-    assert "lower bound 210 B = 0.512 x peak" in out and "infeasible" in out
+    assert "memory lower bound 210 B = 0.512 x peak" in out
+    assert "memory and recompute bounds: every ratio below 0.5121 is infeasible" in out
+    assert out.splitlines()[-1].split() == ["bound", "infeasible", ">=1.000"]
     broken = tmp_path / "broken.log"
     broken.write_text(path.read_text().replace('"ALIAS":"0"', '"ALIAS":"7"'))
     assert main([str(broken), "--jobs", "1"]) == 2
