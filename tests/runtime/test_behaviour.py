@@ -187,3 +187,36 @@ def test_materialize_hands_a_freed_tensor_to_non_torch_code() -> None:
     torch.save(first, buffer)
     buffer.seek(0)
     assert torch.equal(torch.load(buffer), torch.tanh(x @ w))
+
+
+def test_random_op_with_its_own_generator_replays_that_generator() -> None:
+    """A tensor drawn inside the step from a `torch.Generator` (not the default one) is evicted and recomputed:
+    the recompute must replay that generator, or the gradient is wrong."""
+    torch.manual_seed(0)
+    weights = [torch.randn(128, 128, requires_grad=True) for _ in range(6)]
+
+    def step() -> list[torch.Tensor]:
+        for w in weights:
+            w.grad = None
+        g = torch.Generator().manual_seed(7)
+        x = torch.randn(512, 128, generator=g)  # made inside the step: a runtime tensor, evictable
+        h = x
+        for w in weights:
+            h = torch.tanh(h @ w)
+        (h * x).square().mean().backward()  # x, stale by now, is read again at the end
+        return [w.grad.clone() for w in weights]
+
+    expected = step()
+    recomputed: list[str] = []
+    runtime = dtr_compile.runtime.enable(memory_budget=6 * 512 * 128 * 4)
+    original = runtime.executor.recompute
+
+    def spy(op):
+        recomputed.append(op.name)
+        original(op)
+
+    runtime.executor.recompute = spy
+    with runtime:
+        got = step()
+    assert any("randn" in name for name in recomputed), recomputed
+    torch.testing.assert_close(got, expected)
