@@ -48,7 +48,9 @@ def _run(name: str, size: str, method: str, fraction: float | None, peak_ref: in
         patch.__enter__()
         step_model = torch.compile(model, backend="dtr")
     elif method == "knob":
-        torch._functorch.config.activation_memory_budget = fraction
+        import torch._functorch.config as functorch_config
+
+        functorch_config.activation_memory_budget = fraction
         step_model = torch.compile(model, backend="aot_eager")
 
     def one(step: int) -> tuple[float, list, int, float]:
