@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .models import TreeLSTM, random_binary_tree
+from .models import LSTMLanguageModel, TreeLSTM, random_binary_tree
 
 Batch = tuple[tuple[Tensor, ...], Tensor]
 
@@ -70,20 +70,6 @@ class StepLSTM(nn.Module):
             h = torch.sigmoid(o) * torch.tanh(c)
             outputs.append(h)
         return torch.stack(outputs)
-
-
-class StepLSTMLanguageModel(nn.Module):
-    def __init__(self, vocab: int, hidden: int, layers: int) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.blocks = nn.ModuleList(StepLSTM(hidden, hidden) for _ in range(layers))
-        self.head = nn.Linear(hidden, vocab)
-
-    def forward(self, tokens: Tensor) -> Tensor:  # (time, batch) -> (time, batch, vocab)
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
 
 
 # -------------------------------------------------------------------------- transformer with branches
@@ -201,7 +187,7 @@ def _treelstm(size: str, batch: int, leaves: int, hidden: int) -> DynamicCase:
 
 def _lstm(size: str, batch: int, seq: int, hidden: int, layers: int) -> DynamicCase:
     vocab = 64
-    model = StepLSTMLanguageModel(vocab, hidden, layers)
+    model = LSTMLanguageModel(vocab, hidden, layers, layer=StepLSTM)
     lengths = (seq, seq - seq // 4, seq + seq // 4, seq - seq // 8)
 
     def make(step: int) -> Batch:

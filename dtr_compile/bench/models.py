@@ -334,10 +334,11 @@ class LSTMLayer(nn.Module):
 
 
 class LSTMLanguageModel(nn.Module):
-    def __init__(self, vocab: int, hidden: int, layers: int) -> None:
+    def __init__(self, vocab: int, hidden: int, layers: int, layer: Callable[[int, int], nn.Module] = LSTMLayer) -> None:
+        """`layer(d_in, hidden)` builds each LSTM layer (the dynamic models use a step-wise one)."""
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)
-        self.blocks = nn.ModuleList(LSTMLayer(hidden, hidden) for _ in range(layers))
+        self.blocks = nn.ModuleList(layer(hidden, hidden) for _ in range(layers))
         self.head = nn.Linear(hidden, vocab)
 
     def forward(self, tokens: Tensor) -> Tensor:  # (time, batch) -> (time, batch, vocab)
