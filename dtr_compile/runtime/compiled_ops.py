@@ -103,8 +103,8 @@ class CompiledPart:
         self._measured_s = float("inf")
 
     def __call__(self, *call_args: Any) -> Any:
-        # Boxed (one list, which the callee empties), as AOTAutograd calls parts; AOTAutograd's lazily
-        # compiled backward goes through a wrapper that hides `_boxed_call` and passes the arguments unboxed.
+        # Boxed (one list, which the callee empties), as AOTAutograd calls parts; unboxed arguments are
+        # accepted too, for a caller that wraps the part without copying its attributes.
         args = call_args[0] if len(call_args) == 1 and type(call_args[0]) is list else list(call_args)
         runtime = active_runtime()
         if runtime is None:
@@ -160,7 +160,7 @@ def active_runtime() -> Runtime | None:
 
     for i in range(torch._C._len_torch_dispatch_stack()):
         mode = torch._C._get_dispatch_stack_at(i)
-        if isinstance(mode, DTRMode):
+        if isinstance(mode, DTRMode) and mode.runtime._mode is mode:  # not one an ended step left behind
             return mode.runtime
     return None
 
