@@ -19,6 +19,7 @@ the output-size cache warm and lets a fractional budget calibrate once (see `_re
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import warnings
@@ -127,6 +128,7 @@ class Runtime:
         self.index = StorageIndex(self.engine, self.recorder)
         self._log_cells: dict[int, HandleCell] = {}  # id(tensor) -> its handle, only while recording a log
         self._mode: DTRMode | None = None
+        self._froze_gc = False  # whether begin_step froze the older objects (end_step unfreezes them)
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._step_start_memory = 0
         self._steps = 0
@@ -176,12 +178,23 @@ class Runtime:
         self._mode = DTRMode(self)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(*saved_tensor_hooks(self))
         _CURRENT.runtime = self
+        # The step creates a few Python objects per op (handles, values, records), which makes the cyclic
+        # garbage collector run often; its full collections would scan everything the program built before
+        # (a model library's heap: hundreds of milliseconds a step). Objects older than the step are set
+        # aside until it ends, so collections during the step scan only what the step made. A program that
+        # froze objects itself keeps its own arrangement: unfreezing at the end would undo it.
+        self._froze_gc = gc.get_freeze_count() == 0
+        if self._froze_gc:
+            gc.freeze()
 
     def end_step(self, *, failed: bool = False) -> None:
         """End the step (the mode and hooks are already removed). Everything that outlives it (outputs,
         gradients, a graph kept for later) leaves it resident and unmanaged: afterwards the program holds
         ordinary tensors, outside the next step's budget."""
         self._mode = self._hooks = None
+        if self._froze_gc:
+            gc.unfreeze()
+            self._froze_gc = False
         if getattr(_CURRENT, "runtime", None) is self:
             _CURRENT.runtime = None
         self._steps += 1

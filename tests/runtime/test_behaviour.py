@@ -220,3 +220,24 @@ def test_random_op_with_its_own_generator_replays_that_generator() -> None:
         got = step()
     assert any("randn" in name for name in recomputed), recomputed
     torch.testing.assert_close(got, expected)
+
+
+def test_garbage_collector_freeze_is_undone_and_a_programs_own_freeze_kept() -> None:
+    import gc
+
+    model = models.mlp()
+    runtime = dtr_compile.runtime.enable(memory_budget="4.5MB")
+    assert gc.get_freeze_count() == 0
+    with runtime:
+        assert gc.get_freeze_count() > 0  # the step set older objects aside
+        models.mlp_step(model).backward()
+    assert gc.get_freeze_count() == 0
+
+    gc.freeze()  # the program's own arrangement
+    try:
+        frozen = gc.get_freeze_count()
+        with runtime:
+            models.mlp_step(model).backward()
+        assert gc.get_freeze_count() >= frozen
+    finally:
+        gc.unfreeze()
