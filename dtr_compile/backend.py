@@ -29,7 +29,7 @@ def dtr_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
         raise TypeError(
             f"backend 'dtr' takes no options {sorted(kwargs)}; set dtr_compile.config.memory_budget / codegen instead"
         )
-    partitioner = DTRPartitioner(config.memory_budget, cost_mode=config.cost_mode)
+    partitioner = DTRPartitioner(config.memory_budget, cost_mode=config.cost_mode, codegen=config.codegen)
     return compile_region(gm, example_inputs, partitioner, codegen=config.codegen)
 
 
@@ -51,16 +51,29 @@ def compile_region(
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
     if codegen == "inductor":
-        from torch._inductor import config as inductor_config
-        from torch._inductor.compile_fx import compile_fx
+        import copy
 
-        # Our plan must reach Inductor unchanged: its own partitioner is replaced by ours, and the
-        # AOTAutograd cache is bypassed so that every compile plans (and reports) afresh.
-        with (
-            inductor_config.patch(custom_partitioner_fn=partitioner),
-            torch._functorch.config.patch(enable_autograd_cache=False),
-        ):
-            return compile_fx(gm, example_inputs)
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        from .passes.fusion_guard import guarded_inner_compile
+        from .passes.verify import compile_within_budget
+
+        # Our plan must reach Inductor unchanged: its own partitioner is replaced by ours (as a config
+        # patch, which Inductor re-applies when it compiles the backward later), its fusions may not
+        # move nodes away from where the plan put them, and the AOTAutograd cache is bypassed so that
+        # every compile plans (and reports) afresh. The backward is compiled with the forward (not on
+        # the first backward) so that the result can be measured once, at compile time, and planned
+        # again if Inductor's memory exceeds the budget (passes/verify.py).
+        def compile_once() -> Callable[..., Any]:
+            with torch._functorch.config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
+                return compile_fx(
+                    copy.deepcopy(gm),  # compile_fx takes ownership of the graph; a re-plan needs it again
+                    example_inputs,
+                    inner_compile=guarded_inner_compile(compile_fx_inner),
+                    config_patches={"custom_partitioner_fn": partitioner},
+                )
+
+        return compile_within_budget(compile_once, example_inputs, partitioner)
     raise ValueError(f"codegen={codegen!r}; expected 'inductor' or 'fx'")
 
 
@@ -82,7 +95,7 @@ def make_backend(
 ) -> Callable[..., Any]:
     """A backend bound to explicit settings (used by `explain` and tests); its `.reports` lists the plans."""
     partitioner = DTRPartitioner(
-        config.parse_budget(budget), cost_mode=cost_mode, start_from_min_cut=start_from_min_cut
+        config.parse_budget(budget), cost_mode=cost_mode, start_from_min_cut=start_from_min_cut, codegen=codegen
     )
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
