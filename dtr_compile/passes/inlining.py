@@ -7,16 +7,22 @@ extern kernels (matmul, convolution, attention), inputs of extern kernels, value
 ops (Inductor inlines some of those too, but not always, so they are counted), graph outputs, and
 values the forward saves for the backward.
 
-The planner's model of Inductor's memory treats these inlined nodes as allocating nothing
-(`StorageMap(inlined=...)` for a graph, `schedule.storage_keys(inductor=True)` for a plan). The rule
-is narrower than Inductor's own heuristics so that the model stays an upper bound: where Inductor
-inlines or fuses more, it uses less memory than modelled.
+A value read by several loops is computed inside each of them too, unless its expression reads more
+than a few buffers or contains an expensive op (Inductor then stores it where it is computed).
+
+The planner's model of Inductor's memory treats inlined nodes as allocating nothing, their inputs
+living until their last reader (`StorageMap(inlined=...)` for a graph, `schedule.storage_keys(
+inductor=True)` for a plan), and runs every other pointwise op where its first reader needs it
+(`sunk_order`), except the values stored on reuse, which run where the graph lists them. It is a model
+of Inductor's lowering, not Inductor itself: kernel fusion and in-place buffer reuse are not modelled,
+so the compiled code is measured once (verify.py).
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import fx
@@ -68,20 +74,81 @@ def _readers(node: fx.Node) -> list[fx.Node]:
     return readers
 
 
-def inductor_inlined(nodes: Iterable[fx.Node], same_graph: Callable[[fx.Node, fx.Node], bool]) -> set[fx.Node]:
-    """The pointwise nodes among `nodes` that Inductor inlines into their only reader.
+SINGLE, MULTI = "single", "multi"  # an op read by one loop, or by several loops, of its own graph
+
+# Inductor stores a value read by several kernels, instead of computing it in each, when its expression
+# (with what is inlined into it) reads more than this many buffers (`realize_reads_threshold`) or, on
+# CPU, contains one of these ops (`should_realize_on_reuse`).
+MAX_SHARED_READS = 4
+HEAVY = {"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"}
+
+
+def is_heavy(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target.overloadpacket.__name__ in HEAVY
+
+
+def inline_kind(readers: list[fx.Node] | list[int], loop: Callable[[Any], bool], same: Callable[[Any], bool]) -> str | None:
+    """SINGLE or MULTI when every reader is a loop in the same graph, else None (the value is stored)."""
+    if not readers or not all(loop(r) and same(r) for r in readers):
+        return None
+    return SINGLE if len(readers) == 1 else MULTI
+
+
+def keeps_inlined(kind: str | None, reads: int, heavy: bool) -> bool:
+    """Does Inductor compute the value inside its readers, given the buffers its expression reads?"""
+    if kind == SINGLE:
+        return reads <= MAX_INLINED_READS
+    if kind == MULTI:
+        return reads <= MAX_SHARED_READS and not heavy
+    return False
+
+
+class InlineDecider:
+    """Decides, in graph order, which candidates (`inductor_inlined`) Inductor does compute inside their
+    readers: that depends on the buffers their expression reads and on the expensive ops inlined into it."""
+
+    def __init__(self, kinds: dict[Any, str]) -> None:
+        self.kinds = kinds
+        self.inlined: set[Any] = set()
+        self._heavy: set[Any] = set()
+
+    def may_inline(self, item: Any) -> bool:
+        return item in self.kinds
+
+    def inlines(self, item: Any, reads: int, node: fx.Node | None = None, inputs: Iterable[Any] = ()) -> bool:
+        """`item`: a node, or an op's position in a plan (then `node` is its node and `inputs` the
+        positions of the ops it reads)."""
+        node = item if node is None else node
+        inputs = node.all_input_nodes if not inputs and isinstance(item, fx.Node) else inputs
+        heavy = is_heavy(node) or any(a in self._heavy for a in inputs)
+        if not keeps_inlined(self.kinds[item], reads, heavy):
+            return False
+        self.inlined.add(item)
+        if heavy:
+            self._heavy.add(item)
+        return True
+
+    def stored_on_reuse(self, item: Any) -> bool:
+        """A value several loops read that Inductor stores where it is computed (not where it is needed)."""
+        return self.kinds.get(item) == MULTI and item not in self.inlined
+
+
+def inductor_inlined(nodes: Iterable[fx.Node], same_graph: Callable[[fx.Node, fx.Node], bool]) -> dict[fx.Node, str]:
+    """The pointwise nodes among `nodes` that Inductor may compute inside their readers, with their kind
+    (whether it does depends on what its expression reads, see `keeps_inlined`).
 
     `same_graph(a, b)`: a and b end up in the same compiled graph (both forward or both backward); a
     value read across graphs is saved, hence stored.
     """
-    inlined = set()
+    kinds = {}
     for node in nodes:
         if not is_pointwise(node):
             continue
-        readers = _readers(node)
-        if len(readers) == 1 and is_loop(readers[0]) and same_graph(node, readers[0]):
-            inlined.add(node)
-    return inlined
+        kind = inline_kind(_readers(node), is_loop, lambda reader, node=node: same_graph(node, reader))
+        if kind is not None:
+            kinds[node] = kind
+    return kinds
 
 
 def sunk_order(start: int, stop: int, readers: list[list[int]], movable: list[bool]) -> list[int]:
@@ -94,14 +161,16 @@ def sunk_order(start: int, stop: int, readers: list[list[int]], movable: list[bo
     sequence; `readers[i]`: positions of the ops that read op i (those outside the graph are ignored);
     `movable[i]`: op i is pointwise or a view. Returns the graph's positions in run order; a movable op
     nothing in the graph reads runs at the end (as a graph output)."""
-    keys: dict[int, tuple[int, int, int]] = {}
+    anchor = [0] * (stop - start)  # position of the op an op runs right before (itself if it does not move)
+    depth = [0] * (stop - start)  # how many movable ops lie between it and its anchor, on the way there
     for i in range(stop - 1, start - 1, -1):
+        local = i - start
         if movable[i]:
-            first = (stop, 1, i)
+            best = (stop, 1)
             for j in readers[i]:
-                if j < stop and keys[j] < first:
-                    first = keys[j]
-            keys[i] = (first[0], first[1] - 1, i)
+                if j < stop and (anchor[j - start], depth[j - start]) < best:
+                    best = (anchor[j - start], depth[j - start])
+            anchor[local], depth[local] = best[0], best[1] - 1
         else:
-            keys[i] = (i, 0, i)
-    return sorted(range(start, stop), key=keys.__getitem__)
+            anchor[local], depth[local] = i, 0
+    return sorted(range(start, stop), key=lambda i: (anchor[i - start], depth[i - start], i))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from .inlining import MAX_INLINED_READS, inductor_inlined, is_pointwise, is_view, sunk_order
+from .inlining import InlineDecider, inductor_inlined, is_pointwise, is_view, sunk_order
 from .meta import DTR_META_KEY
 from .storage import StorageKey, StorageMap
 
@@ -46,10 +46,10 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool = 
     their reader's kernel allocating nothing (inlining.py)."""
     nodes = list(gm.graph.nodes)
     tangents = {n for n in nodes if n.op == "placeholder" and n.name.startswith("tangents")}
-    inlined: set[fx.Node] = set()
+    inline = None
     if inductor:
-        inlined = inductor_inlined(nodes, lambda a, b: a.meta.get("partitioner_tag") == b.meta.get("partitioner_tag"))
-    storages = StorageMap(gm.graph, counted_inputs=tangents, inlined=inlined, max_inlined_reads=MAX_INLINED_READS)
+        inline = InlineDecider(inductor_inlined(nodes, _same_graph))
+    storages = StorageMap(gm.graph, counted_inputs=tangents, inline=inline)
     output = next(n for n in reversed(nodes) if n.op == "output")
     outs = [o for o in output.args[0] if isinstance(o, fx.Node)]
     fwd_outs = [o for o in list(output.args[0])[:num_fwd_outputs] if isinstance(o, fx.Node)]
@@ -59,7 +59,7 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool = 
     forward_ops = [n for n in ops if n not in backward]
     backward_ops = [n for n in ops if n in backward]
     if inductor:  # pointwise ops run where their first reader needs them
-        forward_ops, backward_ops = _sunk(forward_ops), _sunk(backward_ops)
+        forward_ops, backward_ops = _sunk(forward_ops, inline), _sunk(backward_ops, inline)
 
     def counted(key: StorageKey) -> int:
         info = storages.info[key]
@@ -120,8 +120,12 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool = 
     return PeakModel(peak, peak_node, tuple(timeline), saved_bytes)
 
 
-def _sunk(sequence: list[fx.Node]) -> list[fx.Node]:
+def _same_graph(a: fx.Node, b: fx.Node) -> bool:
+    return a.meta.get("partitioner_tag") == b.meta.get("partitioner_tag")
+
+
+def _sunk(sequence: list[fx.Node], inline: InlineDecider) -> list[fx.Node]:
     position = {n: i for i, n in enumerate(sequence)}
     readers = [[position[u] for u in n.users if u in position] for n in sequence]
-    movable = [is_pointwise(n) or is_view(n) for n in sequence]
+    movable = [is_view(n) or is_pointwise(n) and not inline.stored_on_reuse(n) for n in sequence]
     return [sequence[i] for i in sunk_order(0, len(sequence), readers, movable)]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from .inlining import MAX_INLINED_READS, is_loop, is_pointwise, is_view, sunk_order
+from .inlining import InlineDecider, inline_kind, is_loop, is_pointwise, is_view, sunk_order
 from .meta import NodeCost, cost_of
 from .storage import RNG_STATE_INDEX, StorageKey, StorageMap, rng_state_nbytes
 
@@ -211,17 +211,19 @@ class Simulation:
         return inverse
 
 
-def storage_keys(facts: JointFacts, trace: Trace, *, inductor: bool = False) -> tuple[list, dict[fx.Node, Version]]:
-    """For every op of the trace: (its own storages, the storages of each of its inputs), versioned; and
-    the version of every node at the end of the trace.
+def storage_keys(
+    facts: JointFacts, trace: Trace, *, inductor: bool = False
+) -> tuple[list, dict[fx.Node, Version], InlineDecider | None]:
+    """For every op of the trace: (its own storages, the storages of each of its inputs, the storages
+    its value occupies), versioned; the version of every node at the end of the trace; and, with
+    `inductor`, which ops Inductor computes inside their readers (those own nothing, and reading one
+    reads their inputs, inlining.py).
 
     A random op the backward recomputes also allocates, in the forward, the generator state its
-    recomputes replay (see rewrite.py); each recompute reads it. With `inductor`, the pointwise ops
-    Inductor computes inside their reader's kernel (inlining.py) own nothing, and reading one reads
-    their inputs."""
+    recomputes replay (see rewrite.py); each recompute reads it."""
     ops = trace.ops
     index = trace.index
-    inlined = _inlined_ops(facts, trace) if inductor else set()
+    inline = InlineDecider(_inline_candidates(facts, trace)) if inductor else None
     replayed = {n for n, times in trace.recomputed.items() if n in facts.rng_state_bytes and times > 0}
     entry_keys: list[tuple[SimKey, ...]] = []
     result = []
@@ -236,10 +238,9 @@ def storage_keys(facts: JointFacts, trace: Trace, *, inductor: bool = False) -> 
     for i, op in enumerate(ops):
         node = op.node
         inputs = tuple(keys_of(a, v) for a, v in op.arg_versions)
-        reads = tuple(dict.fromkeys(k for group in inputs for k in group)) if i in inlined else ()
-        if i in inlined and len(reads) <= MAX_INLINED_READS:
-            own: tuple[SimKey, ...] = ()
-            keys = reads
+        own: tuple[SimKey, ...] = ()
+        if inline is not None and inline.may_inline(i) and _inlines(inline, i, op, inputs, index):
+            keys = _union(inputs)
         elif facts.own[node] or not facts.keys[node]:
             own = tuple((k, op.version) for k in facts.own[node])
             keys = own
@@ -249,7 +250,6 @@ def storage_keys(facts: JointFacts, trace: Trace, *, inductor: bool = False) -> 
             wanted = set(facts.keys[node])
             selected = tuple(k for k in base_keys if k[0] in wanted)
             keys = selected if node.target is operator.getitem and selected else base_keys
-            own = ()
         if node in replayed:
             state = ((node, RNG_STATE_INDEX), 0)
             if op.version == 0:
@@ -259,24 +259,38 @@ def storage_keys(facts: JointFacts, trace: Trace, *, inductor: bool = False) -> 
         entry_keys.append(keys)
         current[node] = op.version
         result.append((own, inputs, keys))
-    return result, current
+    return result, current, inline
 
 
-def _inlined_ops(facts: JointFacts, trace: Trace) -> set[int]:
-    """Trace positions of the pointwise ops Inductor inlines into their only reader (inlining.py)."""
+def _union(groups: tuple[tuple[SimKey, ...], ...]) -> tuple[SimKey, ...]:
+    if len(groups) == 1:
+        return groups[0]
+    union: dict[SimKey, None] = {}
+    for group in groups:
+        union.update(dict.fromkeys(group))
+    return tuple(union)
+
+
+def _inlines(inline: InlineDecider, i: int, op: Emitted, inputs: tuple, index: dict) -> bool:
+    positions = [index[a] for a in op.arg_versions if a in index]
+    return inline.inlines(i, len(_union(inputs)), node=op.node, inputs=positions)
+
+
+def _inline_candidates(facts: JointFacts, trace: Trace) -> dict[int, str]:
+    """Trace positions of the pointwise ops Inductor may compute inside their readers, with their kind."""
     readers = trace.readers
     index = trace.index
     outputs = {index.get((o, v)) for o, v in trace.fwd_versions.items()}
     outputs |= {index.get((o, v)) for o, v in trace.final_versions.items()}
     boundary = trace.boundary
     ops = trace.ops
-    inlined = set()
+    kinds = {}
     for i, op in enumerate(ops):
         if op.node not in facts.pointwise or i in outputs:
             continue
-        effective = []
+        effective: list[int] = []
         stack = list(readers[i])
-        while stack and len(effective) < 2:  # look through views of it
+        while stack:  # look through views of it
             j = stack.pop()
             if ops[j].node in facts.movable and ops[j].node not in facts.pointwise:  # a view
                 if j in outputs:
@@ -284,22 +298,29 @@ def _inlined_ops(facts: JointFacts, trace: Trace) -> set[int]:
                 stack.extend(readers[j])
             else:
                 effective.append(j)
-        if len(effective) == 1 and effective[0] >= 0:
-            j = effective[0]
-            if (i < boundary) == (j < boundary) and ops[j].node in facts.loop:
-                inlined.add(i)
-    return inlined
+        phase = i < boundary
+        kind = inline_kind(
+            effective, lambda j: j >= 0 and ops[j].node in facts.loop, lambda j, phase=phase: (j < boundary) == phase
+        )
+        if kind is not None:
+            kinds[i] = kind
+    return kinds
 
 
-def run_order(facts: JointFacts, trace: Trace, inductor: bool) -> list[int]:
+def run_order(facts: JointFacts, trace: Trace, inline: InlineDecider | None) -> list[int]:
     """Trace positions in the order the compiled code runs them: as planned for plain FX execution; for
-    Inductor, with pointwise ops run where their first reader needs them (inlining.sunk_order)."""
+    Inductor (`inline` given), with pointwise ops run where their first reader needs them, except the
+    values it stores on reuse (inlining.sunk_order)."""
     count = len(trace.ops)
-    if not inductor:
+    if inline is None:
         return list(range(count))
-    movable = [op.node in facts.movable for op in trace.ops]
-    forward = sunk_order(0, trace.boundary, trace.readers, movable)
-    return forward + sunk_order(trace.boundary, count, trace.readers, movable)
+    movable = [
+        op.node in facts.movable and not (op.node in facts.pointwise and inline.stored_on_reuse(i))
+        for i, op in enumerate(trace.ops)
+    ]
+    return sunk_order(0, trace.boundary, trace.readers, movable) + sunk_order(
+        trace.boundary, count, trace.readers, movable
+    )
 
 
 def simulate(facts: JointFacts, trace: Trace, *, inductor: bool = False) -> Simulation:
@@ -307,8 +328,8 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool = False) -> Simu
 
     Positions in the result (timeline, peak_index, reads, ...) are run positions: `order[p]` is the
     trace position of the op that runs p-th (see `run_order`)."""
-    keyed_by_trace, _ = storage_keys(facts, trace, inductor=inductor)
-    order = run_order(facts, trace, inductor)
+    keyed_by_trace, _, inline = storage_keys(facts, trace, inductor=inductor)
+    order = run_order(facts, trace, inline)
     keyed = [keyed_by_trace[i] for i in order]
     ops = [trace.ops[i] for i in order]
     boundary = trace.boundary

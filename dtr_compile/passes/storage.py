@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx
@@ -85,26 +86,23 @@ class StorageMap:
         self,
         graph: fx.Graph,
         counted_inputs: set[fx.Node] = frozenset(),
-        inlined: set[fx.Node] = frozenset(),
-        max_inlined_reads: int = 0,
+        inline: Any = None,
     ) -> None:
         """`counted_inputs`: placeholders whose memory counts (tangents, which autograd allocates).
-        `inlined`: nodes the code generator computes inside their reader's kernel: they allocate nothing,
-        and reading one reads its inputs (see inlining.py), unless that adds up to more than
-        `max_inlined_reads` storages, where the code generator stores the value after all."""
+        `inline`: an `inlining.InlineDecider`: the nodes it inlines (computed inside their readers'
+        kernels) allocate nothing, and reading one reads its inputs."""
         self.keys: dict[fx.Node, tuple[StorageKey, ...]] = {}
         self.info: dict[StorageKey, StorageInfo] = {}
         # Multi-output nodes: the storages of each element of the output, for `getitem` (elements may
         # themselves be tuples: `run_and_save_rng_state(native_dropout, ...)` returns (state, (out, mask))).
         self._elements: dict[fx.Node, list[tuple[StorageKey, ...]]] = {}
         for node in graph.nodes:
-            reads = (
-                tuple(dict.fromkeys(k for a in node.all_input_nodes for k in self.keys[a])) if node in inlined else ()
-            )
-            if node in inlined and len(reads) <= max_inlined_reads:
-                self.keys[node] = reads
-            else:
-                self.keys[node] = self._keys_of(node, counted_inputs)
+            if inline is not None and inline.may_inline(node):
+                reads = tuple(dict.fromkeys(k for a in node.all_input_nodes for k in self.keys[a]))
+                if inline.inlines(node, len(reads)):
+                    self.keys[node] = reads
+                    continue
+            self.keys[node] = self._keys_of(node, counted_inputs)
 
     def _new(self, node: fx.Node, index: object, val: object, counted: bool) -> StorageKey:
         key = (node, index)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from ..errors import BudgetError, format_bytes
 from ..measure import measure_peak
 from .partition import DTRPartitioner
 
@@ -86,8 +87,11 @@ def compile_within_budget(
     compile_once: Callable[[], Callable[..., Any]], example_inputs: Sequence[Any], partitioner: DTRPartitioner
 ) -> Callable[..., Any]:
     """Run `compile_once()` (which plans through `partitioner`), measure the result, and re-plan with a
-    tighter model target while the measured peak exceeds the budget."""
-    compiled = compile_once()
+    tighter model target while the measured peak exceeds the budget.
+
+    A budget below what the planner can reach raises BudgetError naming the smallest feasible budget for
+    the compiled code: the planner's lowest plan is compiled and measured to find it (one more compile)."""
+    compiled = _compile_or_measured_floor(compile_once, example_inputs, partitioner)
     for attempt in range(MAX_REPLANS + 1):
         if not partitioner.reports:
             return compiled
@@ -109,5 +113,37 @@ def compile_within_budget(
         partitioner.model_scale = SAFETY * report.planned_peak.peak_bytes / measured
         partitioner.reports.remove(report)
         log.info("dtr: measured %d bytes over a %d-byte budget; re-planning", measured, report.budget_bytes)
-        compiled = compile_once()
+        compiled = _compile_or_measured_floor(compile_once, example_inputs, partitioner)
     return compiled
+
+
+def _compile_or_measured_floor(
+    compile_once: Callable[[], Callable[..., Any]], example_inputs: Sequence[Any], partitioner: DTRPartitioner
+) -> Callable[..., Any]:
+    try:
+        return compile_once()
+    except BudgetError as error:
+        if error.budget_bytes is None or error.smallest_feasible_bytes is None:
+            raise
+        floor_error = error
+    # The planner's lowest plan, in the model's terms, and what the compiled code of that plan measures.
+    modelled_floor = int(floor_error.smallest_feasible_bytes * partitioner.model_scale)
+    partitioner.model_scale = modelled_floor / floor_error.budget_bytes
+    try:
+        compiled = compile_once()
+    except BudgetError:
+        raise floor_error from None
+    report = partitioner.reports.pop()
+    measured = measure_region(compiled, example_inputs)
+    if measured is None:
+        raise floor_error
+    # A budget of max(measured, modelled floor) plans (the model reaches it) and meets it (this plan does).
+    smallest = max(measured, report.planned_peak.peak_bytes)
+    raise BudgetError(
+        f"memory budget {format_bytes(floor_error.budget_bytes)} ({floor_error.budget_bytes} bytes) is below what "
+        f"this graph can run in: the smallest feasible budget is {format_bytes(smallest)} ({smallest} bytes), "
+        f"measured for the code Inductor generates; the modelled peak without rematerialization is "
+        f"{format_bytes(report.no_remat.peak_bytes)}. Raise dtr_compile.config.memory_budget.",
+        budget_bytes=floor_error.budget_bytes,
+        smallest_feasible_bytes=smallest,
+    ) from None

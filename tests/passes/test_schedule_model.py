@@ -12,9 +12,10 @@ from torch import fx, nn
 from dtr_compile.passes import emit_plan, schedule_peak
 from dtr_compile.passes.costs import annotate_costs
 from dtr_compile.passes.fusion_guard import fusion_gap
-from dtr_compile.passes.inlining import inductor_inlined, sunk_order
+from dtr_compile.passes.inlining import MULTI, SINGLE, InlineDecider, inductor_inlined, sunk_order
 from dtr_compile.passes.planner import Plan
 from dtr_compile.passes.schedule import JointFacts, build_trace, simulate
+from dtr_compile.passes.storage import StorageMap
 
 
 def _decomposed_joint(model: nn.Module, *inputs: torch.Tensor) -> tuple[fx.GraphModule, int]:
@@ -82,20 +83,29 @@ def test_forgotten_values_are_recomputed_again() -> None:
     assert twice.recompute_s > once.recompute_s
 
 
-def test_inductor_inlines_single_reader_pointwise_only() -> None:
+def test_inductor_inlines_pointwise_read_only_by_loops() -> None:
     graph = fx.Graph()
     x = graph.placeholder("x")
     w = graph.placeholder("w")
     a = graph.call_function(torch.ops.aten.mul.Tensor, (x, 2.0))  # read once, by a pointwise op: inlined
     b = graph.call_function(torch.ops.aten.exp.default, (a,))  # read by a matmul: stored
     c = graph.call_function(torch.ops.aten.mm.default, (b, w))
-    d = graph.call_function(torch.ops.aten.relu.default, (c,))  # read twice: stored
+    d = graph.call_function(torch.ops.aten.relu.default, (c,))  # read by two loops: computed in each
     e = graph.call_function(torch.ops.aten.add.Tensor, (d, 1.0))
     f = graph.call_function(torch.ops.aten.sum.default, (d,))
-    graph.output((e, f))
-    inlined = inductor_inlined(graph.nodes, lambda _a, _b: True)
-    assert inlined == {a}
-    assert inductor_inlined(graph.nodes, lambda _a, _b: False) == set()  # across graphs: saved, stored
+    g = graph.call_function(torch.ops.aten.exp.default, (c,))  # read by two loops, but expensive: stored
+    h = graph.call_function(torch.ops.aten.add.Tensor, (g, 1.0))
+    k = graph.call_function(torch.ops.aten.sum.default, (g,))
+    graph.output((e, f, h, k))
+    for node in graph.nodes:  # shapes, for the bytes
+        node.meta["val"] = torch.empty(()) if node in (f, k) else torch.empty(8, 8)
+    kinds = inductor_inlined(graph.nodes, lambda _a, _b: True)
+    assert kinds == {a: SINGLE, d: MULTI, g: MULTI}
+    storages = StorageMap(graph, inline=InlineDecider(kinds))
+    assert storages.allocated_bytes(a) == storages.allocated_bytes(d) == 0
+    assert storages.keys[d] == storages.keys[c]  # reading d reads c
+    assert storages.allocated_bytes(b) == storages.allocated_bytes(g) == 8 * 8 * 4  # stored
+    assert inductor_inlined(graph.nodes, lambda _a, _b: False) == {}  # across graphs: saved, stored
 
 
 def test_sunk_order_runs_pointwise_where_first_needed() -> None:
