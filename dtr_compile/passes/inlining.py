@@ -88,7 +88,9 @@ def is_heavy(node: fx.Node) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target.overloadpacket.__name__ in HEAVY
 
 
-def inline_kind(readers: list[fx.Node] | list[int], loop: Callable[[Any], bool], same: Callable[[Any], bool]) -> str | None:
+def inline_kind(
+    readers: list[fx.Node] | list[int], loop: Callable[[Any], bool], same: Callable[[Any], bool]
+) -> str | None:
     """SINGLE or MULTI when every reader is a loop in the same graph, else None (the value is stored)."""
     if not readers or not all(loop(r) and same(r) for r in readers):
         return None

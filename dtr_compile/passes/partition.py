@@ -14,6 +14,7 @@ for FX; for Inductor within about 10% of its measured no-remat peak, see the ben
 from __future__ import annotations
 
 import hashlib
+import math
 import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from ..config import Budget
 from ..errors import BudgetError, format_bytes
 from .costs import CostMode, annotate_costs
 from .peak import PeakModel, schedule_peak
-from .planner import Plan, plan_schedule
+from .planner import Plan, paused_gc, plan_schedule
 from .rewrite import emit_plan
 
 try:  # Inductor's interface for custom partitioners (keys its caches by our uuid)
@@ -77,19 +78,32 @@ def plan_joint(
     pointwise ops Inductor inlines into their reader (inlining.py).
     `model_scale`: hold the modelled peak to `model_scale` x the budget (below 1 when a measurement of
     the compiled code showed that it uses more memory than modelled, see verify.py)."""
+    with paused_gc():
+        return _plan_joint(joint, budget, num_fwd_outputs, cost_mode, keep, codegen, model_scale)
+
+
+def _plan_joint(
+    joint: fx.GraphModule,
+    budget: Budget,
+    num_fwd_outputs: int,
+    cost_mode: CostMode,
+    keep: frozenset[str] | None,
+    codegen: str,
+    model_scale: float,
+) -> PlanReport:
     inductor = codegen == "inductor"
     annotate_costs(joint, mode=cost_mode, codegen=codegen)
     baseline = plan_schedule(joint, None, num_fwd_outputs=num_fwd_outputs, keep=keep, inductor=inductor)
     baseline_gm = emit_plan(joint, baseline, num_fwd_outputs=num_fwd_outputs)
     no_remat = schedule_peak(baseline_gm, num_fwd_outputs=num_fwd_outputs, inductor=inductor)
     budget_bytes = resolve_budget(budget, no_remat.peak_bytes)
-    target = None if budget_bytes is None else max(1, int(budget_bytes * model_scale))
+    target = None if budget_bytes is None else max(1, round(budget_bytes * model_scale))
     if target is None or target >= no_remat.peak_bytes:
         return PlanReport(joint, baseline_gm, baseline, budget_bytes, no_remat, no_remat, num_fwd_outputs, target)
     plan = plan_schedule(joint, target, num_fwd_outputs=num_fwd_outputs, keep=keep, inductor=inductor)
     if not plan.fits:
-        smallest = -(-plan.smallest_peak_bytes * 1000 // round(model_scale * 1000))  # in the user's terms
-        raise BudgetError(
+        smallest = math.ceil(plan.smallest_peak_bytes / model_scale)  # in the user's terms
+        error = BudgetError(
             f"memory budget {format_bytes(budget_bytes)} ({budget_bytes} bytes) is below what this graph can "
             f"run in: the smallest feasible budget is {format_bytes(smallest)} ({smallest} bytes); the peak "
             f"without rematerialization is {format_bytes(no_remat.peak_bytes)}. Raise "
@@ -97,6 +111,8 @@ def plan_joint(
             budget_bytes=budget_bytes,
             smallest_feasible_bytes=smallest,
         )
+        error.modelled_floor_bytes = plan.smallest_peak_bytes  # the planner's lowest modelled peak (verify.py)
+        raise error
     planned = emit_plan(joint, plan, num_fwd_outputs=num_fwd_outputs)
     peak = schedule_peak(planned, num_fwd_outputs=num_fwd_outputs, inductor=inductor)
     if peak.peak_bytes != plan.replay_peak_bytes:  # the planner's simulation and the graph model must agree

@@ -88,6 +88,13 @@ class JointFacts:
         self.movable = self.pointwise | {n for n in self.nodes if is_view(n)}
         self.loop = {n for n in self.nodes if is_loop(n)}
         self.forward_ops = [Emitted(n, 0, tuple((a, 0) for a in self.inputs[n])) for n in self.forward]
+        self.forward_index = {(op.node, 0): i for i, op in enumerate(self.forward_ops)}
+        self.forward_readers: list[list[int]] = [[] for _ in self.forward_ops]
+        for i, op in enumerate(self.forward_ops):
+            for arg_version in op.arg_versions:
+                j = self.forward_index.get(arg_version)
+                if j is not None:
+                    self.forward_readers[j].append(i)
 
 
 @dataclass
@@ -177,10 +184,14 @@ def build_trace(
     for out in facts.bwd_outputs:
         ensure(out, len(facts.backward))
     final_versions = {o: version.get(o, 0) for o in facts.bwd_outputs}
-    index = {(op.node, op.version): i for i, op in enumerate(ops)}
-    readers: list[list[int]] = [[] for _ in ops]
-    for i, op in enumerate(ops):
-        for arg_version in op.arg_versions:
+    # Who reads whom: the forward part is the same in every plan, so only the backward part is indexed here.
+    index = dict(facts.forward_index)
+    readers = [list(r) for r in facts.forward_readers]
+    for i in range(boundary, len(ops)):
+        index[(ops[i].node, ops[i].version)] = i
+        readers.append([])
+    for i in range(boundary, len(ops)):
+        for arg_version in ops[i].arg_versions:
             j = index.get(arg_version)
             if j is not None:
                 readers[j].append(i)
@@ -237,7 +248,7 @@ def storage_keys(
 
     for i, op in enumerate(ops):
         node = op.node
-        inputs = tuple(keys_of(a, v) for a, v in op.arg_versions)
+        inputs = tuple([keys_of(a, v) for a, v in op.arg_versions])
         own: tuple[SimKey, ...] = ()
         if inline is not None and inline.may_inline(i) and _inlines(inline, i, op, inputs, index):
             keys = _union(inputs)

@@ -127,7 +127,9 @@ def _compile_or_measured_floor(
             raise
         floor_error = error
     # The planner's lowest plan, in the model's terms, and what the compiled code of that plan measures.
-    modelled_floor = int(floor_error.smallest_feasible_bytes * partitioner.model_scale)
+    modelled_floor = getattr(floor_error, "modelled_floor_bytes", None)
+    if modelled_floor is None:
+        raise floor_error
     partitioner.model_scale = modelled_floor / floor_error.budget_bytes
     try:
         compiled = compile_once()
