@@ -128,6 +128,7 @@ class Way:
     times: list[float] = field(default_factory=list)
     note: str = ""
     error: str | None = None
+    smallest: int | None = None  # for an infeasible budget: the smallest feasible one, in bytes
 
     @property
     def time(self) -> float:
@@ -171,6 +172,7 @@ def build(name: str, way: Way) -> None:
         while not isinstance(cause, BudgetError) and getattr(cause, "inner_exception", None) is not None:
             cause = cause.inner_exception
         way.error = str(cause).splitlines()[0]
+        way.smallest = getattr(cause, "smallest_feasible_bytes", None)
         return
     compile_s = time.perf_counter() - start
     step()
@@ -235,6 +237,10 @@ def run_model(name: str, rounds: int, per_round: int) -> dict[str, Any]:
         build(name, way)
         status = way.error or f"peak {way.peak / 2**20:.2f} MiB {way.note}"
         print(f"[{name}] {way.label}: {status}", flush=True)
+        if way.kind == "dtr" and way.smallest is not None and not any(w.label.startswith("dtr at") for w in ways):
+            # The lowest measured peak our planner reaches, for the comparison at the low end.
+            floor = Way(f"dtr at its smallest feasible budget ({way.smallest / 2**20:.2f} MiB)", "dtr", way.smallest)
+            ways.insert(ways.index(way) + 1, floor)
     time_rounds(ways, rounds, per_round)
     return {"name": name, "ways": ways}
 
