@@ -41,6 +41,7 @@ from dtr_compile.measure import measure_peak
 
 BUDGETS = (1.0, 0.7, 0.5, 0.35, 0.25)
 KNOB_SETTINGS = (1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.0)
+PEAK_TOLERANCE = 1.001  # peaks within 0.1% count as equal (a few KiB of bookkeeping tensors)
 
 
 class GPTBlock(nn.Module):
@@ -214,12 +215,12 @@ def knob_at(peak: int, knobs: list[Way]) -> tuple[float, Way | None]:
     for point in points:  # by increasing peak; keep a point only if it is faster than every smaller one
         if not frontier or point[1] < frontier[-1][1]:
             frontier.append(point)
-    below = [p for p in frontier if p[0] <= peak]
+    below = [p for p in frontier if p[0] <= peak * PEAK_TOLERANCE]
     best_below = knobs[below[-1][2]] if below else None
     if not below:
         return math.nan, None
     low = below[-1]
-    above = [p for p in frontier if p[0] > peak]
+    above = [p for p in frontier if p[0] > peak * PEAK_TOLERANCE]
     if not above:
         return low[1], best_below
     high = above[0]

@@ -51,6 +51,7 @@ class PlanReport:
     num_fwd_outputs: int
     target_bytes: int | None = None  # what the model of the plan was held to (budget_bytes x model_scale)
     measured_peak_bytes: int | None = None  # peak of the compiled region measured at compile time (verify.py)
+    replans: int = 0  # how many times verify.py planned and compiled the region again
 
 
 def resolve_budget(budget: Budget, no_remat_peak: int) -> int | None:

@@ -27,11 +27,11 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import BudgetError, format_bytes
 from ..measure import measure_peak
-from .partition import DTRPartitioner
+from .partition import DTRPartitioner, PlanReport
 
 log = logging.getLogger(__name__)
 
-MAX_REPLANS = 2
+MAX_REPLANS = 2  # plans after the first: one held lower by the measured ratio, then the lowest plan
 SAFETY = 0.99  # a re-plan aims this much below the budget, since the model/measured ratio moves a little
 
 
@@ -86,12 +86,21 @@ def measure_region(compiled: Callable[..., Any], example_inputs: Sequence[Any]) 
 def compile_within_budget(
     compile_once: Callable[[], Callable[..., Any]], example_inputs: Sequence[Any], partitioner: DTRPartitioner
 ) -> Callable[..., Any]:
-    """Run `compile_once()` (which plans through `partitioner`), measure the result, and re-plan with a
-    tighter model target while the measured peak exceeds the budget.
-
-    A budget below what the planner can reach raises BudgetError naming the smallest feasible budget for
-    the compiled code: the planner's lowest plan is compiled and measured to find it (one more compile)."""
-    compiled = _compile_or_measured_floor(compile_once, example_inputs, partitioner)
+    """Run `compile_once()` (which plans through `partitioner`), measure the result, and plan again while
+    the measured peak exceeds the budget: first with the model held lower by measured / modelled, then
+    with the planner's lowest plan. If even that one exceeds the budget (or the planner cannot reach the
+    budget in the first place), raise BudgetError naming the smallest budget known to be met: the measured
+    peak of the compiled lowest plan."""
+    try:
+        compiled = compile_once()
+    except BudgetError as error:
+        if error.budget_bytes is None:
+            raise
+        compiled, floor, smallest = _lowest_plan(compile_once, example_inputs, partitioner, error)
+        if floor.measured_peak_bytes is not None and floor.measured_peak_bytes <= error.budget_bytes:
+            partitioner.reports.append(floor)  # the model thought it too low; the compiled code meets it
+            return compiled
+        raise _too_small(error.budget_bytes, smallest) from None
     for attempt in range(MAX_REPLANS + 1):
         if not partitioner.reports:
             return compiled
@@ -100,52 +109,69 @@ def compile_within_budget(
             return compiled
         measured = measure_region(compiled, example_inputs)
         report.measured_peak_bytes = measured
-        if measured is None or measured <= report.budget_bytes or attempt == MAX_REPLANS:
-            if measured is not None and measured > report.budget_bytes:
-                log.warning(
-                    "dtr: the compiled region peaks at %d bytes, above the %d-byte budget, after %d re-plans",
-                    measured,
-                    report.budget_bytes,
-                    attempt,
-                )
+        report.replans = attempt
+        if measured is None or measured <= report.budget_bytes:
             return compiled
-        # The model underestimated Inductor's memory by measured / modelled: hold the model that much lower.
-        partitioner.model_scale = SAFETY * report.planned_peak.peak_bytes / measured
+        log.info("dtr: measured %d bytes over a %d-byte budget; planning again", measured, report.budget_bytes)
         partitioner.reports.remove(report)
-        log.info("dtr: measured %d bytes over a %d-byte budget; re-planning", measured, report.budget_bytes)
-        compiled = _compile_or_measured_floor(compile_once, example_inputs, partitioner)
+        if attempt + 1 < MAX_REPLANS:
+            # The model underestimated Inductor's memory by measured / modelled: hold the model that much lower.
+            partitioner.model_scale = SAFETY * report.planned_peak.peak_bytes / measured
+            try:
+                compiled = compile_once()
+                continue
+            except BudgetError:
+                pass  # the planner cannot go that low: its lowest plan is the last resort
+        compiled, floor, smallest = _lowest_plan(compile_once, example_inputs, partitioner, None, report.budget_bytes)
+        if floor.measured_peak_bytes is not None and floor.measured_peak_bytes <= report.budget_bytes:
+            floor.replans = attempt + 1
+            partitioner.reports.append(floor)
+            return compiled
+        raise _too_small(report.budget_bytes, smallest)
     return compiled
 
 
-def _compile_or_measured_floor(
-    compile_once: Callable[[], Callable[..., Any]], example_inputs: Sequence[Any], partitioner: DTRPartitioner
-) -> Callable[..., Any]:
-    try:
-        return compile_once()
-    except BudgetError as error:
-        if error.budget_bytes is None or error.smallest_feasible_bytes is None:
-            raise
-        floor_error = error
-    # The planner's lowest plan, in the model's terms, and what the compiled code of that plan measures.
-    modelled_floor = getattr(floor_error, "modelled_floor_bytes", None)
-    if modelled_floor is None:
-        raise floor_error
-    partitioner.model_scale = modelled_floor / floor_error.budget_bytes
+def _lowest_plan(
+    compile_once: Callable[[], Callable[..., Any]],
+    example_inputs: Sequence[Any],
+    partitioner: DTRPartitioner,
+    error: BudgetError | None,
+    budget_bytes: int | None = None,
+) -> tuple[Callable[..., Any], PlanReport, int]:
+    """Compile the planner's lowest plan and measure it; returns (compiled, its report, the smallest budget
+    it shows to be feasible: its measured peak, or its modelled one where that is higher)."""
+    budget_bytes = error.budget_bytes if error is not None else budget_bytes
+    floor = getattr(error, "modelled_floor_bytes", None)
+    if floor is None:  # plan for one byte: the planner then names its lowest peak
+        partitioner.model_scale = 1 / budget_bytes
+        try:
+            compile_once()
+        except BudgetError as lowest:
+            floor = getattr(lowest, "modelled_floor_bytes", None)
+            error = error or lowest
+        if floor is None:
+            raise error or BudgetError(f"no plan meets the budget of {budget_bytes} bytes", budget_bytes=budget_bytes)
+    partitioner.model_scale = floor / budget_bytes
     try:
         compiled = compile_once()
     except BudgetError:
-        raise floor_error from None
+        raise error from None
     report = partitioner.reports.pop()
     measured = measure_region(compiled, example_inputs)
+    report.measured_peak_bytes = measured
     if measured is None:
-        raise floor_error
-    # A budget of max(measured, modelled floor) plans (the model reaches it) and meets it (this plan does).
-    smallest = max(measured, report.planned_peak.peak_bytes)
-    raise BudgetError(
-        f"memory budget {format_bytes(floor_error.budget_bytes)} ({floor_error.budget_bytes} bytes) is below what "
-        f"this graph can run in: the smallest feasible budget is {format_bytes(smallest)} ({smallest} bytes), "
-        f"measured for the code Inductor generates; the modelled peak without rematerialization is "
-        f"{format_bytes(report.no_remat.peak_bytes)}. Raise dtr_compile.config.memory_budget.",
-        budget_bytes=floor_error.budget_bytes,
+        if error is not None:
+            raise error
+        return compiled, report, report.planned_peak.peak_bytes
+    # A budget of max(measured, modelled) plans (the model reaches it) and is met (this plan meets it).
+    return compiled, report, max(measured, report.planned_peak.peak_bytes)
+
+
+def _too_small(budget_bytes: int, smallest: int) -> BudgetError:
+    return BudgetError(
+        f"memory budget {format_bytes(budget_bytes)} ({budget_bytes} bytes) is below what this graph can run in: "
+        f"the smallest feasible budget is {format_bytes(smallest)} ({smallest} bytes), measured for the code "
+        "Inductor generates. Raise dtr_compile.config.memory_budget.",
+        budget_bytes=budget_bytes,
         smallest_feasible_bytes=smallest,
-    ) from None
+    )
