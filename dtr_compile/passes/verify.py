@@ -18,6 +18,7 @@ put back afterwards) and restores the random number generators, so the user's st
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ from torch.utils._pytree import tree_flatten
 from ..errors import BudgetError, format_bytes
 from ..measure import measure_peak
 from .partition import DTRPartitioner, PlanReport
+from .planner import paused_gc
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ def measure_region(compiled: Callable[..., Any], example_inputs: Sequence[Any]) 
     """Peak bytes of one forward + backward of `compiled` above what was live before it; None when the
     inputs cannot be stood in for (symbolic sizes, opaque objects)."""
     inputs: list[Any] = []
-    params: list[torch.nn.Parameter] = []
+    params: list[torch.nn.Parameter] = []  # used as they are; their `.grad` is put back afterwards
     device = torch.device("cpu")
     for value in example_inputs:
         if isinstance(value, torch.nn.Parameter):
@@ -58,22 +60,30 @@ def measure_region(compiled: Callable[..., Any], example_inputs: Sequence[Any]) 
     if device.type not in ("cpu", "cuda"):
         return None
     grads = [param.grad for param in params]
+    leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
 
     def step() -> None:
-        for param in params:
-            param.grad = None
         outputs = [o for o in tree_flatten(compiled(*inputs))[0] if isinstance(o, torch.Tensor) and o.requires_grad]
         if outputs:
             torch.autograd.backward(outputs, [torch.ones_like(o) for o in outputs])
+
+    def clear_grads() -> None:  # before, not inside, the measured step: its gradients are allocated anew
+        for leaf in leaves:
+            leaf.grad = None
 
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     try:
         with unset_fake_temporarily(), torch.enable_grad():
+            clear_grads()
             step()  # warm-up: first-call costs (allocator, lazily initialized kernels) stay out of the measurement
-            _, measurement = measure_peak(step, device)
+            clear_grads()
+            # Garbage freed during the step (collected by the cyclic collector) would count as freed by it.
+            gc.collect()
+            with paused_gc():
+                _, measurement = measure_peak(step, device)
     finally:
         for param, grad in zip(params, grads, strict=True):
             param.grad = grad
