@@ -72,23 +72,44 @@ def compile_region(
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
     if codegen == "inductor":
-        from torch._inductor import config as inductor_config
+        import copy
+
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        from .passes.fusion_guard import guarded_inner_compile
+        from .passes.verify import compile_within_budget
+        from .runtime.runtime import current_step
+
+        guarded = guarded_inner_compile(compile_fx_inner)
 
         def inner_compile(part: fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
             phase = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
             finish = wrap(part, phase) if wrap is not None else None
             with _disable_current_modes():  # a backward compiled lazily runs inside a step's backward pass
-                compiled = compile_fx_inner(part, inputs, **kwargs)
+                compiled = guarded(part, inputs, **kwargs)
             return finish(compiled) if finish is not None else compiled
 
-        # Our plan must reach Inductor unchanged: its own partitioner is replaced by ours, and the
-        # AOTAutograd cache is bypassed so that every compile plans (and reports) afresh.
-        with (
-            inductor_config.patch(custom_partitioner_fn=partitioner),
-            torch._functorch.config.patch(enable_autograd_cache=False),
-        ):
-            return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+        # Our plan must reach Inductor unchanged: its own partitioner is replaced by ours (as a config
+        # patch, which Inductor re-applies when it compiles the backward later), its fusions may not
+        # move nodes away from where the plan put them, and the AOTAutograd cache is bypassed so that
+        # every compile plans (and reports) afresh. The backward is compiled with the forward (not on
+        # the first backward) so that the result can be measured once, at compile time, and planned
+        # again if Inductor's memory exceeds the budget (passes/verify.py).
+        def compile_once() -> Callable[..., Any]:
+            with torch._functorch.config.patch(enable_autograd_cache=False, force_non_lazy_backward_lowering=True):
+                return compile_fx(
+                    copy.deepcopy(gm),  # compile_fx takes ownership of the graph; a re-plan needs it again
+                    example_inputs,
+                    inner_compile=inner_compile,
+                    config_patches={"custom_partitioner_fn": partitioner},
+                )
+
+        if current_step() is not None:
+            # Compiled in the middle of a runtime step (a graph first seen there): running it once to
+            # measure would be recorded by the step. The runtime accounts for the region's parts by the
+            # plan's model and makes room around them.
+            return compile_once()
+        return compile_within_budget(compile_once, example_inputs, partitioner)
     raise ValueError(f"codegen={codegen!r}; expected 'inductor' or 'fx'")
 
 

@@ -1,12 +1,16 @@
 """The modelled peak of a partitioned joint graph: forward, backward, recomputes and gradients.
 
 The model is the memory of executing the graph node by node and freeing every storage right after its
-last use (what the FX fallback does, and what Inductor's buffer reuse does at least as well):
+last use (exactly what the FX code generator does):
 - graph inputs are free (live before the step); tangents are allocated when the backward starts;
 - forward values saved for the backward live until their last backward use;
 - forward outputs live to the end of the step (the user holds them), and so do gradients;
-- while an op runs, its inputs and its outputs are live together.
-It is the number `explain` prints and the number the planner holds to the budget.
+- while an op runs, its inputs, its outputs and its kernel's workspace are live together.
+For Inductor (`inductor=True`) the pointwise ops it inlines into their reader allocate nothing, and
+pointwise ops run where their first reader needs them (inlining.py); this is close to, not exactly,
+Inductor's memory (passes/verify.py measures the compiled code and corrects). It is the number
+`explain` prints and the number the planner holds to the budget; planner.py's fast simulation of a
+plan agrees with it byte for byte.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 
 from torch import fx
 
+from .inlining import InlineDecider, inductor_inlined, is_pointwise, is_view, sunk_order
 from .meta import DTR_META_KEY
 from .storage import StorageKey, StorageMap
 
@@ -34,11 +39,17 @@ class PeakModel:
     saved_bytes: int  # bytes the forward leaves alive for the backward (saved values and outputs)
 
 
-def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int) -> PeakModel:
-    """Peak of a joint graph whose nodes carry `partitioner_tag` is_forward / is_backward."""
+def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool = False) -> PeakModel:
+    """Peak of a joint graph whose nodes carry `partitioner_tag` is_forward / is_backward.
+
+    `inductor`: model the graphs as Inductor compiles them, with the pointwise ops it inlines into
+    their reader's kernel allocating nothing (inlining.py)."""
     nodes = list(gm.graph.nodes)
     tangents = {n for n in nodes if n.op == "placeholder" and n.name.startswith("tangents")}
-    storages = StorageMap(gm.graph, counted_inputs=tangents)
+    inline = None
+    if inductor:
+        inline = InlineDecider(inductor_inlined(nodes, _same_graph))
+    storages = StorageMap(gm.graph, counted_inputs=tangents, inline=inline)
     output = next(n for n in reversed(nodes) if n.op == "output")
     outs = [o for o in output.args[0] if isinstance(o, fx.Node)]
     fwd_outs = [o for o in list(output.args[0])[:num_fwd_outputs] if isinstance(o, fx.Node)]
@@ -47,6 +58,8 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int) -> PeakModel:
     backward = {n for n in ops if n.meta.get("partitioner_tag") == "is_backward"}
     forward_ops = [n for n in ops if n not in backward]
     backward_ops = [n for n in ops if n in backward]
+    if inductor:  # pointwise ops run where their first reader needs them
+        forward_ops, backward_ops = _sunk(forward_ops, inline), _sunk(backward_ops, inline)
 
     def counted(key: StorageKey) -> int:
         info = storages.info[key]
@@ -81,8 +94,8 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int) -> PeakModel:
                     memory += counted(key)
             # A kernel's own temporaries (dropout's float mask) are live only while it runs.
             cost = node.meta.get(DTR_META_KEY)
-            allocates = any(key[0] is node for key in storages.keys[node])
-            running = memory + (cost.workspace_bytes if cost is not None and allocates else 0)
+            own = [key for key in storages.keys[node] if key[0] is node]
+            running = memory + (cost.workspace_bytes if cost is not None and own else 0)
             timeline.append(MemoryPoint(node, phase, running))
             if running > peak:
                 peak, peak_node = running, node
@@ -105,3 +118,14 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int) -> PeakModel:
             memory -= counted(key)
     run(backward_ops, last_bwd, "backward", set())
     return PeakModel(peak, peak_node, tuple(timeline), saved_bytes)
+
+
+def _same_graph(a: fx.Node, b: fx.Node) -> bool:
+    return a.meta.get("partitioner_tag") == b.meta.get("partitioner_tag")
+
+
+def _sunk(sequence: list[fx.Node], inline: InlineDecider) -> list[fx.Node]:
+    position = {n: i for i, n in enumerate(sequence)}
+    readers = [[position[u] for u in n.users if u in position] for n in sequence]
+    movable = [is_view(n) or is_pointwise(n) and not inline.stored_on_reuse(n) for n in sequence]
+    return [sequence[i] for i in sunk_order(0, len(sequence), readers, movable)]

@@ -1,52 +1,51 @@
-"""The planner: what the forward keeps, what the backward recomputes, and where each recompute runs.
+"""The planner: what the forward saves, what the backward recomputes, and where each recompute runs.
 
-Reformulation. Write the joint graph as one schedule: every forward node, then every backward node,
-in graph order. Replaying that schedule with the whole future known is an offline paging problem:
-memory holds storages; a storage is freed right after its last use; before an op allocates, if the
-resident bytes would pass the budget, some resident storages are *evicted*; an evicted value that is
-used again is *recomputed* from its inputs just before that use (recursively, if an input is gone
-too) and freed again after its last use. The replay emits the ops it actually runs: that trace is the
-plan. A forward value evicted before the forward ends is not saved; its backward uses read a
-recomputed copy placed right before them. This is DTR run offline, with Belady's knowledge of the
-next use in place of DTR's staleness:
+Reformulation. A plan is (1) the set of forward values the forward does *not* save (dropped) and (2) the
+recomputed values the backward gives up between two uses (split). The schedule follows from them
+(schedule.py): a dropped value is freed after its last forward use and recomputed in the backward right
+before the first op that needs it, from saved values, then freed after its last use, or after its last
+use before a split, to be recomputed again for the next one. So the planner searches over plans, and
+each candidate is judged by the exact peak of the schedule it implies (`schedule.simulate`, which
+agrees byte for byte with the model of the emitted graph in peak.py), not by a proxy such as saved
+bytes. This is offline DTR: every recomputation is known in advance and placed where it is needed.
 
-    score(storage) = recompute cost (own + evicted inputs it would need) / (bytes * steps until next use)
+The search is greedy and follows the peak down:
 
-and the lowest score is evicted first: cheap, large values that are not needed for a long time.
-Only values the cost pass marks recomputable are evicted; random ops are recomputed with their RNG
-state replayed (see rewrite.py). The replay's accounting is an upper bound of the real schedule's
-memory (a value may be evicted later than its real last use), so the exact peak is computed again on
-the emitted graph by `peak.schedule_peak`.
+    simulate the current plan; while its peak is above the budget:
+        at the op where the peak occurs, list the decisions that lower memory there:
+          drop a saved value that is live there only because it is saved (its last forward use is
+          behind, its first backward use ahead), or
+          split a recomputed value that is live there between two uses;
+        rank them by recompute cost / bytes freed, where the cost counts every value that would have to
+        be recomputed with them (values already recomputed for another reason are free);
+        apply the cheapest ones until about 1% of the peak is freed, and keep the change if the peak (or,
+        at equal peak, the memory above 97% of it) went down; otherwise try the cheapest one alone, and
+        if that does not help either, never try it again.
+
+The steps do not depend on the budget, only on the plan so far: a tighter budget continues the same
+path further, so the planned peak never rises as the budget tightens, and the lowest peak on the path
+is the smallest budget this planner can meet (named by the BudgetError for a budget below it).
+Values the cost pass marks non-recomputable are always saved; random ops are recomputed with their RNG
+state replayed (rewrite.py).
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from torch import fx
 
-from .meta import cost_of
-from .storage import StorageKey, StorageMap
+from .schedule import Emitted, Infeasible, JointFacts, Simulation, Trace, Version, build_trace, simulate
 
-Version = int  # 0 = the original computation of a node, k >= 1 = its k-th recomputation
+__all__ = ["Emitted", "Plan", "Version", "plan_schedule"]
 
-# A plan that runs more than this many times the ops of the original schedule is given up (thrashing).
-_MAX_TRACE_FACTOR = 4
-
-
-@dataclass(frozen=True)
-class Emitted:
-    """One op the plan runs: `node` (of the joint graph) as its `version`, reading `arg_versions`."""
-
-    node: fx.Node
-    version: Version
-    arg_versions: tuple[tuple[fx.Node, Version], ...]
-
-    @property
-    def is_recompute(self) -> bool:
-        return self.version > 0
+STEP_FRACTION = 0.02  # each step of the search frees about this fraction of the current peak
+AREA_FRACTION = 0.97  # at equal peak, a step must lower the memory above this fraction of the peak
 
 
 @dataclass
@@ -56,246 +55,260 @@ class Plan:
     boundary: int  # trace[:boundary] is the forward, trace[boundary:] the backward
     fwd_versions: dict[fx.Node, Version]  # versions read by the forward outputs
     final_versions: dict[fx.Node, Version]  # versions read by the backward outputs
-    replay_peak_bytes: int  # peak of the replay's own (conservative) accounting
-    fits: bool  # the replay found room for every op within the budget
+    replay_peak_bytes: int  # the planner's simulated peak (equal to peak.schedule_peak of the emitted graph)
+    fits: bool  # the plan's peak is within the budget
     recompute_s: float  # modelled time of all recomputations
     compute_s: float  # modelled time of the original schedule
-    evictions: list[tuple[fx.Node, int]] = field(default_factory=list)  # (producer, trace index)
+    evictions: list[tuple[fx.Node, int]] = field(default_factory=list)  # (dropped value, its forward position)
     planning_s: float = 0.0
+    smallest_peak_bytes: int = 0  # the lowest peak the search reached (the smallest feasible budget)
+    dropped: frozenset[fx.Node] = frozenset()
 
 
-class _Infeasible(Exception):
-    pass
+Decision = tuple[str, fx.Node, int]  # ("drop", value, 0) or ("split", value, backward op index)
 
 
-class _Replay:
-    """State of one replay of the schedule under a budget."""
+@dataclass
+class _State:
+    dropped: frozenset[fx.Node]
+    forget: frozenset[tuple[fx.Node, int]]
+    trace: Trace
+    sim: Simulation
 
-    def __init__(
-        self, gm: fx.GraphModule, budget: int | None, num_fwd_outputs: int, keep: frozenset[str] | None
-    ) -> None:
-        self.budget = budget
-        self.keep = keep
-        graph = gm.graph
-        self.nodes = list(graph.nodes)
-        self.cost = {n: cost_of(n) for n in self.nodes}
-        tangents = {n for n in self.nodes if self.cost[n].phase == "tangent"}
-        self.storages = StorageMap(graph, counted_inputs=tangents)
-        self.schedule = [n for n in self.nodes if self.cost[n].phase in ("forward", "backward")]
-        self.position = {n: i for i, n in enumerate(self.schedule)}
-        # Uses of each storage, as schedule positions: an op uses the storages of all its inputs.
-        self.uses: dict[StorageKey, list[int]] = {}
-        for pos, node in enumerate(self.schedule):
-            for arg in node.all_input_nodes:
-                for key in self.storages.keys[arg]:
-                    self.uses.setdefault(key, []).append(pos)
-        # Who lives in each storage (to invalidate views when it goes), and who produced it.
-        self.aliases: dict[StorageKey, list[fx.Node]] = {}
-        for node in self.nodes:
-            for key in self.storages.keys[node]:
-                self.aliases.setdefault(key, []).append(node)
-        output = next(n for n in reversed(self.nodes) if n.op == "output")
-        outs = list(output.args[0])
-        self.fwd_outputs = [o for o in outs[:num_fwd_outputs] if isinstance(o, fx.Node)]
-        self.bwd_outputs = [o for o in outs[num_fwd_outputs:] if isinstance(o, fx.Node)]
-        # Outputs stay until the end of the step: the user holds the forward's, autograd the gradients.
-        self.pinned = {k for o in self.fwd_outputs + self.bwd_outputs for k in self.storages.keys[o]}
-        self.version: dict[fx.Node, Version | None] = {}
-        self.next_version: dict[fx.Node, Version] = {}
-        self.resident: set[StorageKey] = set()
-        self.locks: dict[StorageKey, int] = {}
-        self.memory = 0
-        self.peak = 0
-        self.fits = True
-        self.now = 0
-        self.trace: list[Emitted] = []
-        self.evictions: list[tuple[fx.Node, int]] = []
-        self.recompute_s = 0.0
-        for node in self.nodes:
-            if node.op == "placeholder":
-                self.version[node] = 0
-                for key in self.storages.keys[node]:
-                    if self.cost[node].phase == "primal":
-                        self.resident.add(key)
+    @property
+    def peak(self) -> int:
+        return self.sim.peak
 
-    # ------------------------------------------------------------------------------------ helpers
+    def area_above(self, level: float) -> int:
+        return sum(m - level for m in self.sim.timeline if m > level)
 
-    def _counted(self, key: StorageKey) -> int:
-        info = self.storages.info[key]
-        return info.nbytes if info.counted else 0
 
-    def _next_use(self, key: StorageKey) -> int | None:
-        uses = self.uses.get(key, ())
-        i = bisect.bisect_right(uses, self.now)
-        return uses[i] if i < len(uses) else None
+class _Search:
+    def __init__(self, facts: JointFacts, initial: frozenset[fx.Node], inductor: bool) -> None:
+        self.facts = facts
+        self.inductor = inductor
+        self.position = facts.position
+        self.banned: set[Decision] = set()
+        state = self._evaluate(initial, frozenset())
+        if state is None:
+            raise ValueError("the starting partition needs a value that cannot be recomputed")
+        self.state = self.best = state
 
-    def _lock(self, node: fx.Node, delta: int) -> None:
-        for key in self.storages.keys[node]:
-            self.locks[key] = self.locks.get(key, 0) + delta
+    def _evaluate(self, dropped: frozenset[fx.Node], forget: frozenset[tuple[fx.Node, int]]) -> _State | None:
+        try:
+            trace = build_trace(self.facts, set(dropped), forget)
+        except Infeasible:
+            return None
+        return _State(dropped, forget, trace, simulate(self.facts, trace, inductor=self.inductor))
 
-    def _drop(self, key: StorageKey) -> None:
-        """Free a storage and invalidate every value that lives in it."""
-        if key not in self.resident:
-            return
-        self.resident.discard(key)
-        self.memory -= self._counted(key)
-        for node in self.aliases.get(key, ()):
-            self.version[node] = None
+    def _apply(self, state: _State, decisions: list[Decision]) -> _State | None:
+        dropped = set(state.dropped)
+        forget = set(state.forget)
+        for kind, node, index in decisions:
+            if kind == "drop":
+                dropped.add(node)
+            else:
+                forget.add((node, index))
+        return self._evaluate(frozenset(dropped), frozenset(forget))
 
-    # ---------------------------------------------------------------------------------- eviction
+    def _better(self, new: _State | None, old: _State) -> bool:
+        if new is None:
+            return False
+        if new.peak != old.peak:
+            return new.peak < old.peak
+        level = AREA_FRACTION * old.peak
+        return new.area_above(level) < old.area_above(level)
 
-    def _victim_score(self, producer: fx.Node, nbytes: int, next_use: int) -> float:
-        cost = self.cost[producer].time_s
-        for arg in producer.all_input_nodes:  # evicted inputs would have to be recomputed too
-            if self.version.get(arg) is None and self.cost[arg].recomputable:
-                cost += self.cost[arg].time_s
-        return (cost + 1e-9) / (max(nbytes, 1) * max(next_use - self.now, 1))
+    def _candidates(self, state: _State) -> list[tuple[float, int, Decision, int]]:
+        """(cost per byte, -bytes, decision, bytes) of the decisions that lower memory at the peak."""
+        rows = self._drop_candidates(state) + self._split_candidates(state)
+        rows.sort(key=lambda row: (row[0], row[1], self.position[row[2][1]], row[2][0], row[2][2]))
+        return rows
 
-    def _make_room(self, need: int) -> None:
-        if self.budget is None or self.memory + need <= self.budget:
-            return
-        groups: dict[fx.Node, list[StorageKey]] = {}
-        for key in self.resident:
-            producer = key[0]
-            if self.locks.get(key, 0) or key in self.pinned or not self.storages.info[key].counted:
+    def _drop_candidates(self, state: _State) -> list[tuple[float, int, Decision, int]]:
+        """Saved values live at the peak only because they are saved."""
+        facts, sim, at = self.facts, state.sim, state.sim.peak_index
+        run_position = sim.run_position
+        rows = []
+        for node in facts.candidates:
+            decision = ("drop", node, 0)
+            if node in state.dropped or decision in self.banned:
                 continue
-            if not self.cost[producer].recomputable:
+            produced = run_position[self.position[node]]
+            if produced >= at:
                 continue
-            groups.setdefault(producer, []).append(key)
-        scored = []
-        for producer, keys in groups.items():
-            all_keys = [k for k in self.storages.keys[producer] if k[0] is producer]
-            if any(k in self.pinned or self.locks.get(k, 0) for k in all_keys):
-                continue  # a multi-output op is evicted and recomputed as a whole
-            nbytes = sum(self._counted(k) for k in keys)
-            uses = [u for u in (self._next_use(k) for k in keys) if u is not None]
-            if not uses or nbytes == 0:
+            freed = 0
+            for key in facts.own[node]:
+                sim_key = (key, 0)
+                if sim_key not in sim.saved or facts.nbytes[key] == 0:
+                    continue
+                if sim.last_forward_use.get(sim_key, produced) < at < sim.first_read.get(sim_key, at):
+                    freed += facts.nbytes[key]
+            if freed == 0:
                 continue
-            scored.append((self._victim_score(producer, nbytes, min(uses)), self.position.get(producer, -1), keys))
-        scored.sort(key=lambda item: (item[0], item[1]))
-        for _, _, keys in scored:
-            if self.memory + need <= self.budget:
-                return
-            for key in keys:
-                self._drop(key)
-            self.evictions.append((keys[0][0], len(self.trace)))
-        if self.memory + need > self.budget:
-            self.fits = False
-
-    # ------------------------------------------------------------------------------------- replay
-
-    def _ensure(self, node: fx.Node, depth: int = 0) -> None:
-        """Make `node`'s value available, recomputing it (and what it needs) if it was freed."""
-        if self.version.get(node) is not None:
-            return
-        if not self.cost[node].recomputable:
-            raise _Infeasible(
-                f"value needed again after it was freed, and it cannot be recomputed: {node.format_node()}"
-            )
-        if depth > 10_000:
-            raise _Infeasible(f"recompute chain too deep at {node.format_node()}")
-        self._run(node, recompute=True, depth=depth + 1)
-
-    def _run(self, node: fx.Node, *, recompute: bool, depth: int = 0) -> None:
-        args = node.all_input_nodes
-        for arg in args:  # lock first, so that recomputing one input cannot evict another
-            self._lock(arg, +1)
-        for arg in args:
-            self._ensure(arg, depth)
-        own = [k for k in self.storages.keys[node] if k[0] is node]
-        need = sum(self._counted(k) for k in own)
-        workspace = self.cost[node].workspace_bytes
-        self._make_room(need + workspace)
-        for key in own:
-            self.resident.add(key)
-        self.memory += need
-        self.peak = max(self.peak, self.memory + workspace)
-        version = self.next_version.get(node, 0)
-        self.next_version[node] = version + 1
-        self.version[node] = version
-        self.trace.append(Emitted(node, version, tuple((a, self.version[a]) for a in args)))
-        if recompute:
-            self.recompute_s += self.cost[node].time_s
-            # A budget the replay can only meet by recomputing the same values over and over (each recompute
-            # evicting what the next one needs) is treated as infeasible: this bounds planning time, which
-            # otherwise grows exponentially along chains, and no such plan would be worth running.
-            if len(self.trace) > _MAX_TRACE_FACTOR * len(self.schedule) + 1000:
-                raise _Infeasible(f"the replay thrashes under this budget (at {node.format_node()})")
-        for arg in args:
-            self._lock(arg, -1)
-        # Free what nobody needs any more: the inputs after their last use, and outputs nobody reads.
-        for arg in (*args, node):
-            for key in self.storages.keys[arg]:
-                free = key in self.resident and key not in self.pinned and not self.locks.get(key, 0)
-                if free and self._next_use(key) is None and self.storages.info[key].counted:
-                    self._drop(key)
-
-    def run(self) -> tuple[int, dict[fx.Node, Version]]:
-        boundary = None
-        fwd_versions: dict[fx.Node, Version] = {}
-        for pos, node in enumerate(self.schedule):
-            self.now = pos
-            if boundary is None and self.cost[node].phase == "backward":
-                boundary = len(self.trace)
-                fwd_versions = self._snapshot(self.fwd_outputs)
-                self._drop_unkept()
-            self._run(node, recompute=False)
-        if boundary is None:
-            boundary = len(self.trace)
-            fwd_versions = self._snapshot(self.fwd_outputs)
-        return boundary, fwd_versions
-
-    def _drop_unkept(self) -> None:
-        """At the end of the forward, drop the recomputable values the starting partition does not save.
-
-        With Inductor the starting partition is its own min-cut, which recomputes cheap pointwise ops
-        inside the backward's fused kernels instead of saving them: saving them would cost memory
-        traffic and time even with no budget.
-        """
-        if self.keep is None:
-            return
-        kept_keys = {k for n in self.nodes if n.name in self.keep for k in self.storages.keys[n]}
-        for key in sorted(self.resident, key=lambda k: (self.position.get(k[0], -1), k[1])):
-            producer = key[0]
-            if key in kept_keys or key in self.pinned or not self.cost[producer].recomputable:
+            cost = self._recompute_cost(node, state.dropped, state.trace)
+            if cost is None:
+                self.banned.add(decision)
                 continue
-            if self.cost[producer].phase == "forward" and not self.locks.get(key, 0):
-                self._drop(key)
+            rows.append((cost / freed, -freed, decision, freed))
+        return rows
 
-    def _snapshot(self, nodes: list[fx.Node]) -> dict[fx.Node, Version]:
-        for node in nodes:
-            self._ensure(node)
-        return {n: self.version[n] for n in nodes}
+    def _split_candidates(self, state: _State) -> list[tuple[float, int, Decision, int]]:
+        """Recomputed values live at the peak between two uses: recompute them again for the later one."""
+        facts, sim, trace, at = self.facts, state.sim, state.trace, state.sim.peak_index
+        if at < trace.boundary:
+            return []
+        freed: dict[Decision, int] = {}
+        for key, reads in sim.reads.items():
+            (producer, _), version = key
+            if version == 0 or sim.allocated.get(key, at) >= at or facts.nbytes[key[0]] == 0:
+                continue
+            later = bisect.bisect_right(reads, at)
+            if later == 0 or later == len(reads) or reads[later - 1] == at:
+                continue  # not read before the peak, not read after it, or read by the op at the peak
+            index = trace.owner[sim.order[reads[later]] - trace.boundary]
+            if index <= trace.owner[sim.order[at] - trace.boundary]:
+                continue  # the next read belongs to the same backward op: nothing to split
+            decision = ("split", producer, index)
+            if decision not in self.banned:
+                freed[decision] = freed.get(decision, 0) + facts.nbytes[key[0]]
+        rows = []
+        for decision, nbytes in freed.items():
+            cost = self._recompute_cost(decision[1], state.dropped, trace, fresh=True)
+            if cost is None:
+                self.banned.add(decision)
+                continue
+            rows.append((cost / nbytes, -nbytes, decision, nbytes))
+        return rows
+
+    def _recompute_cost(
+        self, node: fx.Node, dropped: frozenset[fx.Node], trace: Trace, *, fresh: bool = False
+    ) -> float | None:
+        """Modelled time added by recomputing `node` once more: it and every value it needs that is
+        neither saved nor already recomputed (`fresh`: recomputed values are gone too, except `node`'s
+        inputs' saved copies). None when one of them cannot be recomputed."""
+        facts = self.facts
+        cost = 0.0
+        seen = {node}
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            if not facts.cost[current].recomputable:
+                return None
+            cost += facts.cost[current].time_s
+            for arg in facts.inputs[current]:
+                if arg in seen or arg not in facts.is_forward:
+                    continue
+                if arg in trace.recomputed and not fresh:
+                    continue
+                if arg not in dropped and _is_saved(facts, arg, dropped):
+                    continue
+                seen.add(arg)
+                stack.append(arg)
+        return cost
+
+    def run(self, budget: int) -> _State:
+        """Apply decisions until the peak is within `budget` or nothing more helps; returns the final state."""
+        while self.state.peak > budget:
+            rows = self._candidates(self.state)
+            if not rows:
+                return self.state
+            target = max(1, int(STEP_FRACTION * self.state.peak))
+            batch, freed = [], 0
+            for _, _, decision, nbytes in rows:
+                batch.append(decision)
+                freed += nbytes
+                if freed >= target:
+                    break
+            new = self._apply(self.state, batch)
+            if not self._better(new, self.state) and len(batch) > 1:
+                batch = batch[:1]
+                new = self._apply(self.state, batch)
+            if self._better(new, self.state):
+                self.state = new
+                if new.peak < self.best.peak:
+                    self.best = new
+            else:
+                self.banned.add(batch[0])
+        return self.state
+
+
+def _is_saved(facts: JointFacts, node: fx.Node, dropped: frozenset[fx.Node]) -> bool:
+    """True when the backward can read `node` as the forward left it."""
+    for key in facts.keys[node]:
+        if facts.nbytes.get(key, 0) == 0:
+            continue
+        if key not in facts.read_by_backward or key[0] in dropped:
+            return False
+    return True
 
 
 def plan_schedule(
-    gm: fx.GraphModule, budget_bytes: int | None, *, num_fwd_outputs: int, keep: frozenset[str] | None = None
+    gm: fx.GraphModule,
+    budget_bytes: int | None,
+    *,
+    num_fwd_outputs: int,
+    keep: frozenset[str] | None = None,
+    inductor: bool = False,
 ) -> Plan:
-    """Replay the joint schedule under `budget_bytes` (None: no limit) and return the plan.
+    """Plan the joint graph `gm` under `budget_bytes` (None: no limit).
 
-    `keep`: names of the forward values a starting partition saves; the others are dropped when the
-    forward ends (None: the forward saves everything the backward reads, until the budget says otherwise).
-    The plan may not fit (`plan.fits` is False) when the budget is too small; the caller decides.
+    `inductor`: hold the budget with the model of Inductor's memory (pointwise ops inlined into their
+    reader allocate nothing, inlining.py) instead of the node-by-node model of plain FX execution.
+
+    `keep`: names of the forward values a starting partition saves; the others start out dropped
+    (None: the forward starts out saving everything the backward reads).
+    The plan may not fit (`plan.fits` is False) when the budget is below what the search can reach;
+    `plan.smallest_peak_bytes` then says how low it got.
     """
     start = time.perf_counter()
-    replay = _Replay(gm, budget_bytes, num_fwd_outputs, keep)
+    with paused_gc():
+        return _plan(gm, budget_bytes, num_fwd_outputs, keep, inductor, start)
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector. Planning allocates many small objects and frees them by
+    reference counting; the collector would walk the whole heap (the graphs, torch) every few hundred
+    allocations, which made planning 8x slower."""
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        boundary, fwd_versions = replay.run()
-        final_versions = replay._snapshot(replay.bwd_outputs)
-    except _Infeasible:
-        replay.fits = False
-        boundary, fwd_versions, final_versions = len(replay.trace), {}, {}
-    compute_s = sum(replay.cost[n].time_s for n in replay.schedule)
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _plan(
+    gm: fx.GraphModule,
+    budget_bytes: int | None,
+    num_fwd_outputs: int,
+    keep: frozenset[str] | None,
+    inductor: bool,
+    start: float,
+) -> Plan:
+    facts = JointFacts(gm, num_fwd_outputs)
+    initial = frozenset()
+    if keep is not None:  # a value is kept when the partition saves it or a view of it
+        kept = {k[0] for n in facts.nodes if n.name in keep for k in facts.keys[n]}
+        initial = frozenset(n for n in facts.candidates if n not in kept)
+    search = _Search(facts, initial, inductor)
+    state = search.state if budget_bytes is None else search.run(budget_bytes)
+    trace = state.trace
+    compute_s = sum(facts.cost[n].time_s for n in facts.forward + facts.backward)
     return Plan(
         budget_bytes=budget_bytes,
-        trace=replay.trace,
-        boundary=boundary,
-        fwd_versions=fwd_versions,
-        final_versions=final_versions,
-        replay_peak_bytes=replay.peak,
-        fits=replay.fits,
-        recompute_s=replay.recompute_s,
+        trace=trace.ops,
+        boundary=trace.boundary,
+        fwd_versions=trace.fwd_versions,
+        final_versions=trace.final_versions,
+        replay_peak_bytes=state.peak,
+        fits=budget_bytes is None or state.peak <= budget_bytes,
+        recompute_s=trace.recompute_s,
         compute_s=compute_s,
-        evictions=replay.evictions,
+        evictions=sorted(((n, facts.position[n]) for n in state.dropped), key=lambda e: e[1]),
         planning_s=time.perf_counter() - start,
+        smallest_peak_bytes=search.best.peak,
+        dropped=state.dropped,
     )

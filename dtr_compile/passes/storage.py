@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx
 
-StorageKey = tuple[fx.Node, int]  # (producing node, index of the output)
+StorageKey = tuple[fx.Node, object]  # (producing node, index of the output: an int, or a tuple when nested)
+
+# Index of the extra storage a random op's forward allocates when the plan recomputes it: the generator
+# state its recompute replays (rewrite.py). Only the planner's fast simulation uses this key.
+RNG_STATE_INDEX = "rng_state"
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,24 @@ def tensor_nbytes(val: object) -> int:
     return int(numel) * val.element_size()
 
 
-def _returns_alias(node: fx.Node) -> bool:
+def rng_state_nbytes(node: fx.Node) -> int:
+    """Bytes of the generator state `run_and_save_rng_state` saves for a random op on `node`'s device."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    leaves = [v for v in _leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
+    device = leaves[0].device if leaves else torch.device("cpu")
+    with unset_fake_temporarily():
+        state = torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+    return state.numel() * state.element_size()
+
+
+def _leaves(val: object) -> list[object]:
+    if isinstance(val, (tuple, list)):
+        return [leaf for v in val for leaf in _leaves(v)]
+    return [val]
+
+
+def returns_alias(node: fx.Node) -> bool:
     """True when the op's (first) output aliases an input: a view, not a fresh allocation."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
@@ -60,17 +82,44 @@ def _first_node_arg(node: fx.Node) -> fx.Node | None:
 class StorageMap:
     """For every node of a graph: the storages its value occupies (a view shares its base's)."""
 
-    def __init__(self, graph: fx.Graph, counted_inputs: set[fx.Node] = frozenset()) -> None:
-        """`counted_inputs`: placeholders whose memory counts (tangents, which autograd allocates)."""
+    def __init__(
+        self,
+        graph: fx.Graph,
+        counted_inputs: set[fx.Node] = frozenset(),
+        inline: Any = None,
+    ) -> None:
+        """`counted_inputs`: placeholders whose memory counts (tangents, which autograd allocates).
+        `inline`: an `inlining.InlineDecider`: the nodes it inlines (computed inside their readers'
+        kernels) allocate nothing, and reading one reads its inputs."""
         self.keys: dict[fx.Node, tuple[StorageKey, ...]] = {}
         self.info: dict[StorageKey, StorageInfo] = {}
+        # Multi-output nodes: the storages of each element of the output, for `getitem` (elements may
+        # themselves be tuples: `run_and_save_rng_state(native_dropout, ...)` returns (state, (out, mask))).
+        self._elements: dict[fx.Node, list[tuple[StorageKey, ...]]] = {}
         for node in graph.nodes:
+            if inline is not None and inline.may_inline(node):
+                reads = tuple(dict.fromkeys(k for a in node.all_input_nodes for k in self.keys[a]))
+                if inline.inlines(node, len(reads)):
+                    self.keys[node] = reads
+                    continue
             self.keys[node] = self._keys_of(node, counted_inputs)
 
-    def _new(self, node: fx.Node, index: int, val: object, counted: bool) -> StorageKey:
+    def _new(self, node: fx.Node, index: object, val: object, counted: bool) -> StorageKey:
         key = (node, index)
         self.info[key] = StorageInfo(key, tensor_nbytes(val), counted)
         return key
+
+    def _structure(self, node: fx.Node, index: object, val: object) -> list[tuple[StorageKey, ...]]:
+        """One fresh storage per tensor leaf of a (possibly nested) tuple output, grouped by element."""
+        elements = []
+        for i, element in enumerate(val):
+            sub = i if index is None else (*index, i) if isinstance(index, tuple) else (index, i)
+            if isinstance(element, (tuple, list)):
+                inner = self._structure(node, sub, element)
+                elements.append(tuple(k for keys in inner for k in keys))
+            else:
+                elements.append((self._new(node, sub, element, True),))
+        return elements
 
     def _keys_of(self, node: fx.Node, counted_inputs: set[fx.Node]) -> tuple[StorageKey, ...]:
         val = node.meta.get("val")
@@ -80,15 +129,20 @@ class StorageMap:
             return ()
         if node.target is operator.getitem:
             parent, index = node.args[0], node.args[1]
-            parent_keys = self.keys.get(parent, ())
-            if len(parent_keys) > index and isinstance(parent.meta.get("val"), (tuple, list)):
-                return (parent_keys[index],)
-            return parent_keys  # a getitem of a view-returning op (split, unbind)
-        if _returns_alias(node):
+            elements = self._elements.get(parent)
+            if elements is not None and isinstance(index, int) and index < len(elements):
+                keys = elements[index]
+                if isinstance(val, (tuple, list)) and len(keys) == len(val):
+                    self._elements[node] = [(k,) for k in keys]
+                return keys
+            return self.keys.get(parent, ())  # a getitem of a view-returning op (split, unbind)
+        if returns_alias(node):
             base = _first_node_arg(node)
             return self.keys.get(base, ()) if base is not None else ()
         if isinstance(val, (tuple, list)):
-            return tuple(self._new(node, i, v, True) for i, v in enumerate(val))
+            elements = self._structure(node, None, val)
+            self._elements[node] = elements
+            return tuple(k for keys in elements for k in keys)
         if isinstance(val, torch.Tensor):
             return (self._new(node, 0, val, True),)
         return ()

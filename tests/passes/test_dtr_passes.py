@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import pytest
 import torch
@@ -49,6 +48,20 @@ def test_every_node_has_one_frozen_cost_record() -> None:
     assert backward and all(not c.recomputable and "backward" in c.why_not for c in backward)
 
 
+def test_attention_is_costed_by_flops() -> None:
+    class Attention(nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    q = torch.randn(2, 4, 64, 16, requires_grad=True)
+    joint, _ = _joint(Attention(), q)
+    costs = [n.meta[DTR_META_KEY] for n in joint.graph.nodes if "scaled_dot_product" in str(n.target)]
+    forward = [c for c in costs if c.phase == "forward"]
+    backward = [c for c in costs if c.phase == "backward"]
+    assert forward and forward[0].flops == 4 * 2 * 4 * 64 * 64 * 16  # QK^T and PV, two flops per multiply-add
+    assert backward and backward[0].flops > forward[0].flops
+
+
 def test_no_budget_plan_is_the_original_schedule() -> None:
     joint, n_out = _joint(_mlp(), torch.randn(32, 64))
     plan = plan_schedule(joint, None, num_fwd_outputs=n_out)
@@ -74,14 +87,17 @@ def test_recomputes_run_in_the_backward_right_before_first_use() -> None:
         )
 
 
-def test_planned_peak_decreases_with_budget_and_stays_within_it() -> None:
-    joint, n_out = _joint(_mlp(depth=8), torch.randn(64, 64))
-    peaks = []
-    for fraction in (1.0, 0.8, 0.6):
-        report = plan_joint(joint, fraction, num_fwd_outputs=n_out)
+@pytest.mark.parametrize("codegen", ["fx", "inductor"])
+def test_planned_peak_decreases_with_budget_and_stays_within_it(codegen: str) -> None:
+    joint, n_out = _joint(_mlp(depth=8), torch.randn(256, 64))
+    peaks, costs = [], []
+    for fraction in (1.0, 0.8, 0.65, 0.5):
+        report = plan_joint(joint, fraction, num_fwd_outputs=n_out, codegen=codegen)
         assert report.planned_peak.peak_bytes <= report.budget_bytes
         peaks.append(report.planned_peak.peak_bytes)
+        costs.append(report.plan.recompute_s)
     assert peaks == sorted(peaks, reverse=True)
+    assert costs == sorted(costs) and costs[0] == 0 < costs[-1]  # tighter budgets cost more recomputation
 
 
 def test_infeasible_budget_raises_with_smallest_feasible() -> None:
@@ -94,14 +110,12 @@ def test_infeasible_budget_raises_with_smallest_feasible() -> None:
     assert report.planned_peak.peak_bytes <= smallest
 
 
-def test_planning_2000_node_graph_within_two_seconds() -> None:
+def test_plans_a_2000_node_graph() -> None:
+    # How long this takes is a benchmark figure (benchmarks/compiled_bench.py --planning), not a test.
     torch.manual_seed(0)
     blocks = [nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 32), nn.GELU()) for _ in range(90)]
-    joint, n_out = _joint(nn.Sequential(*blocks), torch.randn(16, 32))
+    joint, n_out = _joint(nn.Sequential(*blocks), torch.randn(64, 32))
     assert len(joint.graph.nodes) >= 2000
-    # CPU time of this process: wall-clock time on a shared 2-core machine measures the neighbours.
-    start = time.process_time()
-    report = plan_joint(joint, 0.8, num_fwd_outputs=n_out)
-    elapsed = time.process_time() - start
-    assert report.planned_peak.peak_bytes <= report.budget_bytes
-    assert elapsed <= 2.0, elapsed
+    report = plan_joint(joint, 0.6, num_fwd_outputs=n_out)
+    assert report.planned_peak.peak_bytes <= report.budget_bytes < report.no_remat.peak_bytes
+    assert any(e.is_recompute for e in report.plan.trace)

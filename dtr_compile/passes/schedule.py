@@ -1,0 +1,407 @@
+"""The schedule a choice of saved values implies, and its memory, computed fast enough to search over.
+
+Given the set of forward values that are *dropped* (not saved for the backward), the schedule is fixed:
+the forward runs as traced and frees every value after its last forward use unless it is saved; the
+backward runs in graph order, and right before a backward op needs a forward value that is not saved,
+that value is recomputed from what is available (recursively: a recompute may need other values that
+are not saved). Each recomputed value stays until its last use, in the backward or by a later
+recompute; it is recomputed a second time only when the plan *splits* it (see `split`), after the
+last use of its first copy. The result is a list of `Emitted` ops that `rewrite.emit_plan` turns into
+a graph.
+
+`simulate` replays that list with the accounting of `peak.schedule_peak` (which measures the emitted
+graph) without building a graph, so the planner can evaluate many candidate plans: the two agree byte
+for byte (tests/passes check it).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+from torch import fx
+
+from .inlining import InlineDecider, inline_kind, is_loop, is_pointwise, is_view, sunk_order
+from .meta import NodeCost, cost_of
+from .storage import RNG_STATE_INDEX, StorageKey, StorageMap, rng_state_nbytes
+
+Version = int  # 0 = the original computation of a node, k >= 1 = its k-th recomputation
+SimKey = tuple[StorageKey, Version]  # one storage of one version of a value
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """One op the plan runs: `node` (of the joint graph) as its `version`, reading `arg_versions`."""
+
+    node: fx.Node
+    version: Version
+    arg_versions: tuple[tuple[fx.Node, Version], ...]
+
+    @property
+    def is_recompute(self) -> bool:
+        return self.version > 0
+
+
+class JointFacts:
+    """What the planner needs to know about a joint graph, computed once per graph."""
+
+    def __init__(self, gm: fx.GraphModule, num_fwd_outputs: int) -> None:
+        self.nodes = list(gm.graph.nodes)
+        self.cost: dict[fx.Node, NodeCost] = {n: cost_of(n) for n in self.nodes}
+        tangents = {n for n in self.nodes if self.cost[n].phase == "tangent"}
+        self.tangents = [n for n in self.nodes if n in tangents]
+        self.storages = StorageMap(gm.graph, counted_inputs=tangents)
+        self.forward = [n for n in self.nodes if self.cost[n].phase == "forward"]
+        self.backward = [n for n in self.nodes if self.cost[n].phase == "backward"]
+        self.is_forward = set(self.forward)
+        self.position = {n: i for i, n in enumerate(self.forward)}
+        output = next(n for n in reversed(self.nodes) if n.op == "output")
+        outs = list(output.args[0])
+        self.fwd_outputs = [o for o in outs[:num_fwd_outputs] if isinstance(o, fx.Node)]
+        self.bwd_outputs = [o for o in outs[num_fwd_outputs:] if isinstance(o, fx.Node)]
+        self.keys = self.storages.keys
+        self.own = {n: tuple(k for k in self.keys[n] if k[0] is n) for n in self.nodes}
+        self.inputs = {n: tuple(n.all_input_nodes) for n in self.nodes}
+        self.nbytes = {k: (i.nbytes if i.counted else 0) for k, i in self.storages.info.items()}
+        # Random ops: bytes of the generator state a recompute replays (saved by the forward).
+        self.rng_state_bytes = {n: rng_state_nbytes(n) for n in self.forward if self.cost[n].needs_rng_replay}
+        self.nbytes.update({(n, RNG_STATE_INDEX): b for n, b in self.rng_state_bytes.items()})
+        pinned = {k for o in self.fwd_outputs for k in self.keys[o]}
+        # Forward storages the backward reads: the ones a plan may save or drop.
+        read_by_backward = {k for b in self.backward for a in self.inputs[b] for k in self.keys[a]}
+        self.candidates = [
+            n
+            for n in self.forward
+            if self.cost[n].recomputable
+            and any(self.nbytes[k] > 0 and k in read_by_backward and k not in pinned for k in self.own[n])
+        ]
+        self.read_by_backward = read_by_backward
+        self.pinned_forward = pinned
+        # Per node, for the search's inner loops: the producers of its counted storages, and whether the
+        # backward reads all of them (then the node is available in the backward unless one is dropped).
+        self.producers = {n: frozenset(k[0] for k in self.keys[n] if self.nbytes.get(k, 0) > 0) for n in self.nodes}
+        self.readable = {
+            n: all(k in read_by_backward for k in self.keys[n] if self.nbytes.get(k, 0) > 0) for n in self.nodes
+        }
+        self.input_keys = {n: tuple((k, 0) for k in self.keys[n]) for n in self.nodes if n.op == "placeholder"}
+        self.pointwise = {n for n in self.nodes if is_pointwise(n)}
+        self.movable = self.pointwise | {n for n in self.nodes if is_view(n)}
+        self.loop = {n for n in self.nodes if is_loop(n)}
+        self.forward_ops = [Emitted(n, 0, tuple((a, 0) for a in self.inputs[n])) for n in self.forward]
+        self.forward_index = {(op.node, 0): i for i, op in enumerate(self.forward_ops)}
+        self.forward_readers: list[list[int]] = [[] for _ in self.forward_ops]
+        for i, op in enumerate(self.forward_ops):
+            for arg_version in op.arg_versions:
+                j = self.forward_index.get(arg_version)
+                if j is not None:
+                    self.forward_readers[j].append(i)
+
+
+@dataclass
+class Trace:
+    ops: list[Emitted]
+    boundary: int  # ops[:boundary] is the forward, ops[boundary:] the backward
+    fwd_versions: dict[fx.Node, Version]  # versions the forward outputs read
+    final_versions: dict[fx.Node, Version]  # versions the backward outputs read
+    recomputed: dict[fx.Node, int]  # forward node -> how many times the backward recomputes it
+    recompute_s: float
+    owner: list[int]  # for each op of ops[boundary:]: the index of the backward op it runs for
+    index: dict[tuple[fx.Node, Version], int]  # (node, version) -> position in ops
+    readers: list[list[int]]  # for each op: the positions of the ops that read its value
+
+
+class Infeasible(Exception):
+    """The dropped set needs a value recomputed that cannot be (not recomputable)."""
+
+
+def build_trace(
+    facts: JointFacts, dropped: set[fx.Node], forget: frozenset[tuple[fx.Node, int]] = frozenset()
+) -> Trace:
+    """The schedule of the joint graph when the forward does not save `dropped`.
+
+    `forget`: (value, i) pairs: before the i-th backward op, the recomputed copy of `value` (and the
+    recomputed copies it was made from) are given up, so that the next op that needs it recomputes it
+    again (each copy is freed after its last use before that).
+    """
+    ops = list(facts.forward_ops)
+    boundary = len(ops)
+    available: dict[fx.Node, bool] = {}
+    forget_before: dict[int, list[fx.Node]] = {}
+    for node, index in sorted(forget, key=lambda item: (item[1], facts.position[item[0]])):
+        forget_before.setdefault(index, []).append(node)
+
+    def is_available(node: fx.Node) -> bool:
+        """A forward value the backward can read as the forward left it."""
+        known = available.get(node)
+        if known is None:
+            known = facts.readable[node] and facts.producers[node].isdisjoint(dropped)
+            available[node] = known
+        return known
+
+    version: dict[fx.Node, Version] = {}  # forward node -> live recomputed version in the backward
+    count: dict[fx.Node, int] = {}
+    owner: list[int] = []  # for each op of the backward part: the backward op it runs for
+    recompute_s = 0.0
+
+    def ready(node: fx.Node) -> bool:
+        return node not in facts.is_forward or node in version or is_available(node)
+
+    def ensure(root: fx.Node, backward_index: int) -> None:
+        nonlocal recompute_s
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if ready(node):
+                continue
+            if not expanded:
+                if not facts.cost[node].recomputable:
+                    raise Infeasible(f"needs {node.format_node()}, which is not saved and cannot be recomputed")
+                stack.append((node, True))
+                stack.extend((a, False) for a in reversed(facts.inputs[node]) if not ready(a))
+                continue
+            count[node] = count.get(node, 0) + 1
+            version[node] = count[node]
+            ops.append(Emitted(node, count[node], tuple((a, version.get(a, 0)) for a in facts.inputs[node])))
+            owner.append(backward_index)
+            recompute_s += facts.cost[node].time_s
+
+    def give_up(node: fx.Node) -> None:
+        """Forget a recomputed value and the recomputed values it was made from, so that its next
+        recompute starts again from saved values instead of keeping its inputs alive until then."""
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            if version.pop(current, None) is not None:
+                stack.extend(a for a in facts.inputs[current] if a in version)
+
+    for index, node in enumerate(facts.backward):
+        for gone in forget_before.get(index, ()):
+            give_up(gone)
+        for arg in facts.inputs[node]:
+            ensure(arg, index)
+        ops.append(Emitted(node, 0, tuple((a, version.get(a, 0)) for a in facts.inputs[node])))
+        owner.append(index)
+    for out in facts.bwd_outputs:
+        ensure(out, len(facts.backward))
+    final_versions = {o: version.get(o, 0) for o in facts.bwd_outputs}
+    # Who reads whom: the forward part is the same in every plan, so only the backward part is indexed here.
+    index = dict(facts.forward_index)
+    readers = [list(r) for r in facts.forward_readers]
+    for i in range(boundary, len(ops)):
+        index[(ops[i].node, ops[i].version)] = i
+        readers.append([])
+    for i in range(boundary, len(ops)):
+        for arg_version in ops[i].arg_versions:
+            j = index.get(arg_version)
+            if j is not None:
+                readers[j].append(i)
+    fwd_versions = {o: 0 for o in facts.fwd_outputs}
+    return Trace(ops, boundary, fwd_versions, final_versions, count, recompute_s, owner, index, readers)
+
+
+@dataclass
+class Simulation:
+    """Memory of a trace, op by op, with the accounting of `peak.schedule_peak`."""
+
+    timeline: list[int]  # bytes live while each op of the trace runs
+    peak: int
+    peak_index: int
+    first_read: dict[SimKey, int]  # first op of the backward part that reads each storage
+    last_forward_use: dict[SimKey, int]
+    saved: set[SimKey]  # forward storages the backward reads
+    reads: dict[SimKey, list[int]]  # the ops of the backward part that read each storage, in order
+    allocated: dict[SimKey, int]  # the op that allocates each storage
+    order: list[int]  # run position -> trace position
+
+    @property
+    def run_position(self) -> list[int]:
+        """Trace position -> run position."""
+        inverse = [0] * len(self.order)
+        for run, traced in enumerate(self.order):
+            inverse[traced] = run
+        return inverse
+
+
+def storage_keys(
+    facts: JointFacts, trace: Trace, *, inductor: bool = False
+) -> tuple[list, dict[fx.Node, Version], InlineDecider | None]:
+    """For every op of the trace: (its own storages, the storages of each of its inputs, the storages
+    its value occupies), versioned; the version of every node at the end of the trace; and, with
+    `inductor`, which ops Inductor computes inside their readers (those own nothing, and reading one
+    reads their inputs, inlining.py).
+
+    A random op the backward recomputes also allocates, in the forward, the generator state its
+    recomputes replay (see rewrite.py); each recompute reads it."""
+    ops = trace.ops
+    index = trace.index
+    inline = InlineDecider(_inline_candidates(facts, trace)) if inductor else None
+    replayed = {n for n, times in trace.recomputed.items() if n in facts.rng_state_bytes and times > 0}
+    entry_keys: list[tuple[SimKey, ...]] = []
+    result = []
+    current: dict[fx.Node, Version] = {}
+
+    def keys_of(arg: fx.Node, version: Version) -> tuple[SimKey, ...]:
+        j = index.get((arg, version))
+        if j is None:  # a graph input
+            return facts.input_keys[arg]
+        return entry_keys[j]
+
+    for i, op in enumerate(ops):
+        node = op.node
+        inputs = tuple([keys_of(a, v) for a, v in op.arg_versions])
+        own: tuple[SimKey, ...] = ()
+        if inline is not None and inline.may_inline(i) and _inlines(inline, i, op, inputs, index):
+            keys = _union(inputs)
+        elif facts.own[node] or not facts.keys[node]:
+            own = tuple((k, op.version) for k in facts.own[node])
+            keys = own
+        else:  # a view or a getitem: the storages of its base (one element of it, for a getitem)
+            base, base_version = op.arg_versions[0] if op.arg_versions else (None, 0)
+            base_keys = keys_of(base, base_version) if base is not None else ()
+            wanted = set(facts.keys[node])
+            selected = tuple(k for k in base_keys if k[0] in wanted)
+            keys = selected if node.target is operator.getitem and selected else base_keys
+        if node in replayed:
+            state = ((node, RNG_STATE_INDEX), 0)
+            if op.version == 0:
+                own = (*own, state)
+            else:
+                inputs = (*inputs, (state,))
+        entry_keys.append(keys)
+        current[node] = op.version
+        result.append((own, inputs, keys))
+    return result, current, inline
+
+
+def _union(groups: tuple[tuple[SimKey, ...], ...]) -> tuple[SimKey, ...]:
+    if len(groups) == 1:
+        return groups[0]
+    union: dict[SimKey, None] = {}
+    for group in groups:
+        union.update(dict.fromkeys(group))
+    return tuple(union)
+
+
+def _inlines(inline: InlineDecider, i: int, op: Emitted, inputs: tuple, index: dict) -> bool:
+    positions = [index[a] for a in op.arg_versions if a in index]
+    return inline.inlines(i, len(_union(inputs)), node=op.node, inputs=positions)
+
+
+def _inline_candidates(facts: JointFacts, trace: Trace) -> dict[int, str]:
+    """Trace positions of the pointwise ops Inductor may compute inside their readers, with their kind."""
+    readers = trace.readers
+    index = trace.index
+    outputs = {index.get((o, v)) for o, v in trace.fwd_versions.items()}
+    outputs |= {index.get((o, v)) for o, v in trace.final_versions.items()}
+    boundary = trace.boundary
+    ops = trace.ops
+    kinds = {}
+    for i, op in enumerate(ops):
+        if op.node not in facts.pointwise or i in outputs:
+            continue
+        effective: list[int] = []
+        stack = list(readers[i])
+        while stack:  # look through views of it
+            j = stack.pop()
+            if ops[j].node in facts.movable and ops[j].node not in facts.pointwise:  # a view
+                if j in outputs:
+                    effective.append(-1)
+                stack.extend(readers[j])
+            else:
+                effective.append(j)
+        phase = i < boundary
+        kind = inline_kind(
+            effective, lambda j: j >= 0 and ops[j].node in facts.loop, lambda j, phase=phase: (j < boundary) == phase
+        )
+        if kind is not None:
+            kinds[i] = kind
+    return kinds
+
+
+def run_order(facts: JointFacts, trace: Trace, inline: InlineDecider | None) -> list[int]:
+    """Trace positions in the order the compiled code runs them: as planned for plain FX execution; for
+    Inductor (`inline` given), with pointwise ops run where their first reader needs them, except the
+    values it stores on reuse (inlining.sunk_order)."""
+    count = len(trace.ops)
+    if inline is None:
+        return list(range(count))
+    movable = [
+        op.node in facts.movable and not (op.node in facts.pointwise and inline.stored_on_reuse(i))
+        for i, op in enumerate(trace.ops)
+    ]
+    return sunk_order(0, trace.boundary, trace.readers, movable) + sunk_order(
+        trace.boundary, count, trace.readers, movable
+    )
+
+
+def simulate(facts: JointFacts, trace: Trace, *, inductor: bool = False) -> Simulation:
+    """Bytes live at every op of `trace` (inputs and outputs of the running op, plus its workspace).
+
+    Positions in the result (timeline, peak_index, reads, ...) are run positions: `order[p]` is the
+    trace position of the op that runs p-th (see `run_order`)."""
+    keyed_by_trace, _, inline = storage_keys(facts, trace, inductor=inductor)
+    order = run_order(facts, trace, inline)
+    keyed = [keyed_by_trace[i] for i in order]
+    ops = [trace.ops[i] for i in order]
+    boundary = trace.boundary
+    nbytes = facts.nbytes
+    # Storages that live to the end of the step: the forward outputs (held by the user) and the gradients.
+    forever: set[SimKey] = set()
+    for out, version in (*trace.fwd_versions.items(), *trace.final_versions.items()):
+        j = trace.index.get((out, version))
+        forever.update(keyed_by_trace[j][2] if j is not None else ((k, 0) for k in facts.keys[out]))
+    last_fwd: dict[SimKey, int] = {}
+    last_bwd: dict[SimKey, int] = {}
+    first_read: dict[SimKey, int] = {}
+    reads: dict[SimKey, list[int]] = {}
+    allocated: dict[SimKey, int] = {}
+    for i, (own, inputs, _) in enumerate(keyed):
+        for key in own:
+            allocated.setdefault(key, i)
+        table = last_fwd if i < boundary else last_bwd
+        for keys in inputs:
+            for key in keys:
+                table[key] = i
+                if i >= boundary:
+                    if key not in first_read:
+                        first_read[key] = i
+                    reads.setdefault(key, []).append(i)
+    saved = {key for key in last_bwd if key[0][0] in facts.is_forward and key[1] == 0}
+
+    live: set[SimKey] = set()
+    memory = peak = 0
+    peak_index = 0
+    timeline: list[int] = []
+
+    def run(start: int, stop: int, last: dict[SimKey, int], keep: set[SimKey]) -> None:
+        nonlocal memory, peak, peak_index
+        for i in range(start, stop):
+            own, inputs, keys = keyed[i]
+            for key in own:
+                if key not in live:
+                    live.add(key)
+                    memory += nbytes[key[0]]
+            node = ops[i].node
+            running = memory + (facts.cost[node].workspace_bytes if own else 0)
+            timeline.append(running)
+            if running > peak:
+                peak, peak_index = running, i
+            for group in (*inputs, keys):
+                for key in group:
+                    if key in live and key not in forever and key not in keep and last.get(key, -1) <= i:
+                        live.discard(key)
+                        memory -= nbytes[key[0]]
+
+    run(0, boundary, last_fwd, saved)
+    for tangent in facts.tangents:
+        for k in facts.keys[tangent]:
+            if (k, 0) not in live:
+                live.add((k, 0))
+                memory += nbytes[k]
+    tangent_keys = {(k, 0) for t in facts.tangents for k in facts.keys[t]}
+    for key in list(live):  # saved values the backward never reads are dropped when the forward returns
+        if key not in forever and key not in last_bwd and key not in tangent_keys:
+            live.discard(key)
+            memory -= nbytes[key[0]]
+    run(boundary, len(keyed), last_bwd, set())
+    return Simulation(timeline, peak, peak_index, first_read, last_fwd, saved, reads, allocated, order)

@@ -1,0 +1,129 @@
+"""The planner's fast simulation against the model of the emitted graph, and the Inductor memory model."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import fx, nn
+
+from dtr_compile.passes import emit_plan, schedule_peak
+from dtr_compile.passes.costs import annotate_costs
+from dtr_compile.passes.fusion_guard import fusion_gap
+from dtr_compile.passes.inlining import MULTI, SINGLE, InlineDecider, inductor_inlined, sunk_order
+from dtr_compile.passes.planner import Plan
+from dtr_compile.passes.schedule import JointFacts, build_trace, simulate
+from dtr_compile.passes.storage import StorageMap
+
+
+def _decomposed_joint(model: nn.Module, *inputs: torch.Tensor) -> tuple[fx.GraphModule, int]:
+    """The joint graph as Inductor sees it (its decompositions applied), without compiling anything."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import default_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    captured = {}
+
+    def partition(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        captured["joint"], captured["n"] = joint, num_fwd_outputs
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: gm, partition_fn=partition, decompositions=select_decomp_table())
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(*inputs)
+    return captured["joint"], captured["n"]
+
+
+def _model() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(4):
+        layers += [nn.Linear(64, 128), nn.GELU(), nn.Dropout(0.1), nn.Linear(128, 64), nn.LayerNorm(64)]
+    return nn.Sequential(*layers, nn.Linear(64, 1)), torch.randn(32, 64)
+
+
+def _trace_as_plan(trace) -> Plan:
+    return Plan(None, trace.ops, trace.boundary, trace.fwd_versions, trace.final_versions, 0, True, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_simulation_equals_model_of_emitted_graph(inductor: bool) -> None:
+    joint, n_out = _decomposed_joint(*_model())
+    annotate_costs(joint, codegen="inductor" if inductor else "fx")
+    facts = JointFacts(joint, n_out)
+    rng = random.Random(0)
+    backward_ops = len(facts.backward)
+    for trial in range(6):
+        dropped = {n for n in facts.candidates if rng.random() < trial / 6}
+        trace = build_trace(facts, dropped)
+        recomputed = list(trace.recomputed)
+        forget = frozenset((n, rng.randrange(backward_ops)) for n in recomputed if rng.random() < 0.3)
+        trace = build_trace(facts, dropped, forget)
+        planned = emit_plan(joint, _trace_as_plan(trace), num_fwd_outputs=n_out)
+        modelled = schedule_peak(planned, num_fwd_outputs=n_out, inductor=inductor)
+        simulated = simulate(facts, trace, inductor=inductor)
+        assert simulated.peak == modelled.peak_bytes, (trial, inductor)
+
+
+def test_forgotten_values_are_recomputed_again() -> None:
+    joint, n_out = _decomposed_joint(*_model())
+    annotate_costs(joint)
+    facts = JointFacts(joint, n_out)
+    dropped = set(facts.candidates)
+    once = build_trace(facts, dropped)
+    value = next(n for n, times in once.recomputed.items() if times == 1 and facts.cost[n].flops > 0)
+    readers = [b for b in facts.backward if value in facts.inputs[b]]
+    assert readers, "the value should be read by the backward"
+    later = facts.backward.index(readers[-1])
+    twice = build_trace(facts, dropped, frozenset({(value, later)}))
+    versions = [op.version for op in twice.ops if op.node is value and op.is_recompute]
+    assert len(versions) >= 2 and versions == sorted(versions)
+    assert twice.recompute_s > once.recompute_s
+
+
+def test_inductor_inlines_pointwise_read_only_by_loops() -> None:
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    w = graph.placeholder("w")
+    a = graph.call_function(torch.ops.aten.mul.Tensor, (x, 2.0))  # read once, by a pointwise op: inlined
+    b = graph.call_function(torch.ops.aten.exp.default, (a,))  # read by a matmul: stored
+    c = graph.call_function(torch.ops.aten.mm.default, (b, w))
+    d = graph.call_function(torch.ops.aten.relu.default, (c,))  # read by two loops: computed in each
+    e = graph.call_function(torch.ops.aten.add.Tensor, (d, 1.0))
+    f = graph.call_function(torch.ops.aten.sum.default, (d,))
+    g = graph.call_function(torch.ops.aten.exp.default, (c,))  # read by two loops, but expensive: stored
+    h = graph.call_function(torch.ops.aten.add.Tensor, (g, 1.0))
+    k = graph.call_function(torch.ops.aten.sum.default, (g,))
+    graph.output((e, f, h, k))
+    for node in graph.nodes:  # shapes, for the bytes
+        node.meta["val"] = torch.empty(()) if node in (f, k) else torch.empty(8, 8)
+    kinds = inductor_inlined(graph.nodes, lambda _a, _b: True)
+    assert kinds == {a: SINGLE, d: MULTI, g: MULTI}
+    storages = StorageMap(graph, inline=InlineDecider(kinds))
+    assert storages.allocated_bytes(a) == storages.allocated_bytes(d) == 0
+    assert storages.keys[d] == storages.keys[c]  # reading d reads c
+    assert storages.allocated_bytes(b) == storages.allocated_bytes(g) == 8 * 8 * 4  # stored
+    assert inductor_inlined(graph.nodes, lambda _a, _b: False) == {}  # across graphs: saved, stored
+
+
+def test_sunk_order_runs_pointwise_where_first_needed() -> None:
+    # 0: extern, 1: pointwise read by 3, 2: extern, 3: extern reading 1, 4: pointwise read by nothing
+    readers = [[1], [3], [3], [], []]
+    movable = [False, True, False, False, True]
+    assert sunk_order(0, 5, readers, movable) == [0, 2, 1, 3, 4]
+    # a chain of pointwise ops moves as a whole, in order
+    readers = [[1], [2], [4], [], []]
+    movable = [True, True, True, False, False]
+    assert sunk_order(0, 5, readers, movable) == [3, 0, 1, 2, 4]
+
+
+def test_fusion_gap_counts_nodes_between() -> None:
+    def node(first: int, last: int) -> SimpleNamespace:
+        return SimpleNamespace(min_order=first, max_order=last)
+
+    assert fusion_gap(node(3, 3), node(4, 4)) == 0
+    assert fusion_gap(node(4, 6), node(1, 2)) == 1
+    assert fusion_gap(node(0, 1), node(10, 12)) == 8
+    assert fusion_gap(node(0, 5), node(3, 9)) == 0
