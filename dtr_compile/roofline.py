@@ -45,7 +45,7 @@ def tensor_bytes(value: Any) -> int:
     return value.numel() * value.element_size()
 
 
-def _at_hints(value: Any) -> Any:
+def at_hints(value: Any) -> Any:
     """A meta tensor with `value`'s sizes at their hints (a formula can compute on it without guards)."""
     if not _symbolic(value):
         return value
@@ -66,7 +66,7 @@ def call_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     if formula is None:
         return 0
     if any(_symbolic(x) for x in tree_flatten((args, kwargs, out))[0]):
-        args, kwargs, out = tree_map(_at_hints, (args, kwargs, out))
+        args, kwargs, out = tree_map(at_hints, (args, kwargs, out))
     try:
         return int(formula(*args, **kwargs, out_val=out))
     except Exception:  # noqa: BLE001 - a formula that rejects these arguments: the op is costed by bytes

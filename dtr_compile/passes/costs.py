@@ -18,7 +18,7 @@ from torch import fx
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
-from ..roofline import FUSED_OVERHEAD_S, call_flops, estimate_seconds
+from ..roofline import FUSED_OVERHEAD_S, at_hints, call_flops, estimate_seconds
 from .meta import DTR_META_KEY, NodeCost, Phase
 from .storage import StorageMap, is_mutating, tensor_nbytes
 
@@ -171,7 +171,8 @@ def _attention_flops(node: fx.Node) -> int | None:
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     target = node.target
-    args = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in node.args]
+    # At the hints of symbolic sizes: computing on SymInts would specialize the graph to one size.
+    args = [at_hints(a.meta.get("val")) if isinstance(a, fx.Node) else a for a in node.args]
     shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
     if target is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default and len(shapes) >= 3:
         return sdpa_flop_count(*shapes[:3])

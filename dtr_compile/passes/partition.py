@@ -29,6 +29,7 @@ from ..config import Budget
 from ..errors import BudgetError, format_bytes
 from .costs import CostMode, annotate_costs
 from .fuse_recompute import FusionReport, fuse_recomputes
+from .paging import page_schedule
 from .peak import PeakModel, schedule_peak
 from .planner import Plan, paused_gc, plan_schedule
 from .rewrite import emit_plan
@@ -50,10 +51,10 @@ class PlanReport:
     no_remat: PeakModel  # modelled peak of the schedule without rematerialization
     planned_peak: PeakModel  # modelled peak of the plan
     num_fwd_outputs: int
-    fusion: FusionReport | None = None  # recompute kernels: the graph actually split, and what was fused
     target_bytes: int | None = None  # what the model of the plan was held to (budget_bytes x model_scale)
     measured_peak_bytes: int | None = None  # peak of the compiled region measured at compile time (verify.py)
     replans: int = 0  # how many times verify.py planned and compiled the region again
+    fusion: FusionReport | None = None  # recompute kernels: the graph actually split, and what was fused
 
 
 def resolve_budget(budget: Budget, no_remat_peak: int) -> int | None:
@@ -102,10 +103,23 @@ def _plan_joint(
     budget_bytes = resolve_budget(budget, no_remat.peak_bytes)
     target = None if budget_bytes is None else max(1, round(budget_bytes * model_scale))
     if target is None or target >= no_remat.peak_bytes:
-        return PlanReport(joint, baseline_gm, baseline, budget_bytes, no_remat, no_remat, num_fwd_outputs, target)
+        return PlanReport(
+            joint, baseline_gm, baseline, budget_bytes, no_remat, no_remat, num_fwd_outputs, target_bytes=target
+        )
     plan = plan_schedule(joint, target, num_fwd_outputs=num_fwd_outputs, keep=keep, inductor=inductor)
     if not plan.fits:
-        smallest = math.ceil(plan.smallest_peak_bytes / model_scale)  # in the user's terms
+        # Below the search's reach, the paging planner may still meet the budget by recomputing more.
+        floor = plan.smallest_peak_bytes
+        paged = _paged_plan(joint, target, num_fwd_outputs, keep, inductor)
+        if paged is None:
+            floor, paged = _paging_floor(joint, target, floor, num_fwd_outputs, keep, inductor)
+        if paged is not None and paged[2].peak_bytes <= target:
+            paged_plan, planned, peak = paged
+            paged_plan.smallest_peak_bytes = min(floor, peak.peak_bytes)
+            return PlanReport(
+                joint, planned, paged_plan, budget_bytes, no_remat, peak, num_fwd_outputs, target_bytes=target
+            )
+        smallest = math.ceil(floor / model_scale)  # in the user's terms
         error = BudgetError(
             f"memory budget {format_bytes(budget_bytes)} ({budget_bytes} bytes) is below what this graph can "
             f"run in: the smallest feasible budget is {format_bytes(smallest)} ({smallest} bytes); the peak "
@@ -114,7 +128,7 @@ def _plan_joint(
             budget_bytes=budget_bytes,
             smallest_feasible_bytes=smallest,
         )
-        error.modelled_floor_bytes = plan.smallest_peak_bytes  # the planner's lowest modelled peak (verify.py)
+        error.modelled_floor_bytes = floor  # the planners' lowest modelled peak (verify.py)
         raise error
     planned = emit_plan(joint, plan, num_fwd_outputs=num_fwd_outputs)
     peak = schedule_peak(planned, num_fwd_outputs=num_fwd_outputs, inductor=inductor)
@@ -123,7 +137,46 @@ def _plan_joint(
             f"planner simulated a peak of {plan.replay_peak_bytes} bytes, the emitted graph models "
             f"{peak.peak_bytes}: please report this with the model that triggered it"
         )
-    return PlanReport(joint, planned, plan, budget_bytes, no_remat, peak, num_fwd_outputs, target)
+    return PlanReport(joint, planned, plan, budget_bytes, no_remat, peak, num_fwd_outputs, target_bytes=target)
+
+
+def _paged_plan(
+    joint: fx.GraphModule, target: int, num_fwd_outputs: int, keep: frozenset[str] | None, inductor: bool
+) -> tuple[Plan, fx.GraphModule, PeakModel] | None:
+    """The paging planner's plan (paging.py), its emitted graph and that graph's exact peak, when the
+    peak is within `target`; None otherwise."""
+    with paused_gc():
+        plan = page_schedule(joint, target, num_fwd_outputs=num_fwd_outputs, keep=keep)
+    if not plan.fits:
+        return None
+    planned = emit_plan(joint, plan, num_fwd_outputs=num_fwd_outputs)
+    peak = schedule_peak(planned, num_fwd_outputs=num_fwd_outputs, inductor=inductor)
+    if peak.peak_bytes > target:
+        return None
+    plan.replay_peak_bytes = peak.peak_bytes  # judged by the exact peak, like the search's plans
+    return plan, planned, peak
+
+
+def _paging_floor(
+    joint: fx.GraphModule,
+    infeasible: int,
+    feasible: int,
+    num_fwd_outputs: int,
+    keep: frozenset[str] | None,
+    inductor: bool,
+) -> tuple[int, tuple[Plan, fx.GraphModule, PeakModel] | None]:
+    """Bisect (to 1%) for the lowest peak the paging planner reaches below `feasible` (a peak the search
+    reached): returns that peak and its plan (None if paging never beat the search). The replay is not
+    monotone in the budget, so the bisection starts at a quarter of the `infeasible` budget."""
+    low, high, best = infeasible // 4, feasible, None
+    while high - low > max(1, high // 100):
+        middle = (low + high) // 2
+        attempt = _paged_plan(joint, middle, num_fwd_outputs, keep, inductor)
+        if attempt is None:
+            low = middle
+        else:
+            high, best = attempt[2].peak_bytes, attempt
+    return high, best
 
 
 def split_joint(planned: fx.GraphModule, *, num_fwd_outputs: int) -> tuple[fx.GraphModule, fx.GraphModule]:

@@ -31,17 +31,16 @@ def test_gradients_with_replayed_dropout_equal_the_unbudgeted_step(gpt2_at_half_
     fusion = report.fusion
     assert fusion.enabled and fusion.dropouts == 6  # every dropout on the counter-based RNG, recomputed or not
 
-    # The plan recomputes dropouts, and they run fused with the ops around them (in this plan: softmax and
-    # dropout in attention, dropout, residual add and layer norm after the MLP).
+    # The plan recomputes a dropout, its mask fused with the backward op that reads it, and layer norms and
+    # softmax chains (mul, masked_fill, softmax) each as one kernel.
     def computes(region) -> list[str]:
         return [m for m in region.members if not m.startswith(("getitem", "view", "expand", "_unsafe_view"))]
 
     assert any(
         any(m.startswith("dropout_kernel") for m in computes(r)) and len(computes(r)) >= 2 for r in fusion.regions
     )
-    assert any(
-        any(m.startswith("native_layer_norm") for m in computes(r)) and len(computes(r)) >= 2 for r in fusion.regions
-    )
+    assert any(any(m.startswith("native_layer_norm") for m in computes(r)) for r in fusion.regions)
+    assert any(any(m.startswith("_softmax") for m in computes(r)) and len(computes(r)) >= 3 for r in fusion.regions)
     # A recomputed mask read only by its dropout's backward is never written: that backward joins the region.
     assert any(any(m.startswith("native_dropout_backward") for m in r.members) for r in fusion.regions)
     assert max_difference(grads, reference_grads) < 1e-5
@@ -88,7 +87,7 @@ def test_every_fused_kernel_equals_its_unfused_recompute(gpt2_at_half_budget) ->
             val = node.meta["val"]
             values.append(torch.randn(val.shape, generator=generator).to(val.dtype))
     CheckEveryRegion(graph_module).run(*values)
-    assert len(checked) == len(report.fusion.regions) >= 10
+    assert len(checked) == len(report.fusion.regions) >= 8
     assert all(isinstance(region.kernel, RecomputeKernel) for region in checked)
 
 
