@@ -34,6 +34,12 @@ def _output_bytes_ws(node: fx.Node) -> int:
     return tensor_nbytes(leaves[0]) if leaves else 0
 
 
+def _conv_ws(node: fx.Node) -> int:
+    # mkldnn reorders the larger of its input and output: a strided convolution copies its input.
+    data = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    return max(_output_bytes_ws(node), tensor_nbytes(data.meta.get("val")) if data is not None else 0)
+
+
 def _twice_output_bytes_ws(node: fx.Node) -> int:
     return 2 * _output_bytes_ws(node)
 
@@ -44,13 +50,14 @@ def _quarter_output_bytes_ws(node: fx.Node) -> int:
 
 # Temporaries an ATen kernel allocates and frees inside one call, read off the profiler on CPU: the
 # dropout kernels turn the boolean mask into a float copy before multiplying; mkldnn convolution of
-# contiguous tensors allocates its output layout once more and copies; its backward holds two
-# input-sized buffers; batch norm's backward allocates a second input-sized buffer next to its gradient.
+# contiguous tensors reorders the larger of its output and input (a strided convolution copies its input);
+# its backward holds two input-sized buffers; batch norm's backward allocates a second input-sized buffer
+# next to its gradient.
 # Without them the model of the peak misses one or two activations wherever these ops sit at the peak.
 WORKSPACE = {
     torch.ops.aten.native_dropout.default: _output_bytes_ws,
     torch.ops.aten.native_dropout_backward.default: _output_bytes_ws,
-    torch.ops.aten.convolution.default: _output_bytes_ws,
+    torch.ops.aten.convolution.default: _conv_ws,
     torch.ops.aten.convolution_backward.default: _twice_output_bytes_ws,
     torch.ops.aten.native_batch_norm_backward.default: _output_bytes_ws,
 }

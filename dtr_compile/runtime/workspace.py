@@ -26,7 +26,8 @@ def _bytes(t: Any) -> int:
 
 # op -> function(args, fresh_output_bytes) -> workspace bytes
 _CPU_WORKSPACE: dict[Any, Callable[[tuple, int], int]] = {
-    _aten.convolution.default: lambda args, fresh: fresh,  # mkldnn reorders its output: 1 x output
+    # mkldnn reorders the larger of output and input (a strided convolution: its input)
+    _aten.convolution.default: lambda args, fresh: max(fresh, _bytes(args[0])),
     _aten.convolution_backward.default: lambda args, fresh: 2 * _bytes(args[0]),  # 2 x grad_output
     _aten.native_batch_norm_backward.default: lambda args, fresh: _bytes(args[1]),  # 1 x input
     _aten.native_layer_norm_backward.default: lambda args, fresh: _bytes(args[1]),  # 1 x input

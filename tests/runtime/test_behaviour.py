@@ -227,17 +227,17 @@ def test_garbage_collector_freeze_is_undone_and_a_programs_own_freeze_kept() -> 
 
     model = models.mlp()
     runtime = dtr_compile.runtime.enable(memory_budget="4.5MB")
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == 0, "objects were left frozen before this test"
     with runtime:
-        assert gc.get_freeze_count() > 0  # the step set older objects aside
+        assert gc.get_freeze_count() > 0, "the step set older objects aside"
         models.mlp_step(model).backward()
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == 0, "the step's end unfreezes them"
 
     gc.freeze()  # the program's own arrangement
     try:
         frozen = gc.get_freeze_count()
         with runtime:
             models.mlp_step(model).backward()
-        assert gc.get_freeze_count() >= frozen
+        assert gc.get_freeze_count() >= frozen, "the program's own freeze is kept"
     finally:
         gc.unfreeze()
