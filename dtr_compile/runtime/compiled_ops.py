@@ -236,12 +236,13 @@ def record_by_slices(
         by_position[k] = storage
         new.append(storage)
 
+    # Outputs without a slice come back only by rerunning the whole part: that is their cost (not what the
+    # slices leave of it, which made them look free to evict), and its footprint the room a rerun needs.
     whole = [(key, k) for key, k in fresh.items() if part.slices[k] is None]
-    sliced_cost = sum(part.slices[k].estimated_s for k in fresh.values() if part.slices[k] is not None)
     if whole:
         sources = [OutputSource("fresh", k) for _, k in whole]
         op = engine.record(part.name, inputs.storages, [results[k].untyped_storage().nbytes() for _, k in whole],
-                           max(cost - sliced_cost, 0.0), payload=PartRecipe(part, inputs.leaves, frozenset(), sources, rng),
+                           cost, payload=PartRecipe(part, inputs.leaves, frozenset(), sources, rng),
                            workspace=workspace)
         for storage, (key, k) in zip(op.outputs, whole):
             adopt(storage, k, key)

@@ -51,6 +51,8 @@ class DTRMode(TorchDispatchMode):
         runtime = self.runtime
         if runtime._mode is not self:  # its step has ended; left on a stack it could not be popped from
             return func(*args, **(kwargs or {}))
+        if func in _ALIAS_OPS and runtime.recorder is None:
+            return _alias(runtime, func, args, kwargs or {})
         if runtime.on_backward is not None and torch._C._current_graph_task_id() != -1:
             runtime.on_backward(runtime)  # the first op of a backward pass (an implicit step ends with it)
         try:
@@ -58,6 +60,22 @@ class DTRMode(TorchDispatchMode):
         except BaseException:
             runtime.failed = True
             raise
+
+
+# Ops that return a new tensor on their argument's storage and touch no data. AOTAutograd and the autograd
+# engine call `detach` several times per saved activation and per gradient (over 300 times a step on a small
+# transformer with a graph break per block), so they take a short path: no room to make, no recipe (an alias
+# shares its storage, which a rematerialization refills in place), only a handle on the storage. An operation
+# log records every call, so with a recorder they take the generic path.
+_ALIAS_OPS = frozenset({torch.ops.aten.detach.default, torch.ops.aten.alias.default})
+
+
+def _alias(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    result = func(*args, **kwargs)
+    storage = rt.index.lookup(args[0])
+    if storage is not None and storage.producer is not None:  # aliases of outside tensors stay outside
+        rt.index.track(result, storage)
+    return result
 
 
 def run_call(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
