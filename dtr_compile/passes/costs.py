@@ -40,8 +40,10 @@ def _conv_ws(node: fx.Node) -> int:
     return max(_output_bytes_ws(node), tensor_nbytes(data.meta.get("val")) if data is not None else 0)
 
 
-def _twice_output_bytes_ws(node: fx.Node) -> int:
-    return 2 * _output_bytes_ws(node)
+def _conv_backward_ws(node: fx.Node) -> int:
+    # two buffers the size of the larger of grad_output and input (a strided convolution: its input)
+    sizes = [tensor_nbytes(a.meta.get("val")) for a in node.args[:2] if isinstance(a, fx.Node)]
+    return 2 * max([_output_bytes_ws(node), *sizes])
 
 
 def _quarter_output_bytes_ws(node: fx.Node) -> int:
@@ -51,14 +53,14 @@ def _quarter_output_bytes_ws(node: fx.Node) -> int:
 # Temporaries an ATen kernel allocates and frees inside one call, read off the profiler on CPU: the
 # dropout kernels turn the boolean mask into a float copy before multiplying; mkldnn convolution of
 # contiguous tensors reorders the larger of its output and input (a strided convolution copies its input);
-# its backward holds two input-sized buffers; batch norm's backward allocates a second input-sized buffer
+# its backward holds two buffers the size of the larger of grad_output and input; batch norm's backward allocates a second input-sized buffer
 # next to its gradient.
 # Without them the model of the peak misses one or two activations wherever these ops sit at the peak.
 WORKSPACE = {
     torch.ops.aten.native_dropout.default: _output_bytes_ws,
     torch.ops.aten.native_dropout_backward.default: _output_bytes_ws,
     torch.ops.aten.convolution.default: _conv_ws,
-    torch.ops.aten.convolution_backward.default: _twice_output_bytes_ws,
+    torch.ops.aten.convolution_backward.default: _conv_backward_ws,
     torch.ops.aten.native_batch_norm_backward.default: _output_bytes_ws,
 }
 

@@ -28,7 +28,8 @@ def _bytes(t: Any) -> int:
 _CPU_WORKSPACE: dict[Any, Callable[[tuple, int], int]] = {
     # mkldnn reorders the larger of output and input (a strided convolution: its input)
     _aten.convolution.default: lambda args, fresh: max(fresh, _bytes(args[0])),
-    _aten.convolution_backward.default: lambda args, fresh: 2 * _bytes(args[0]),  # 2 x grad_output
+    # two buffers the size of the larger of grad_output and input (a strided convolution: its input)
+    _aten.convolution_backward.default: lambda args, fresh: 2 * max(_bytes(args[0]), _bytes(args[1])),
     _aten.native_batch_norm_backward.default: lambda args, fresh: _bytes(args[1]),  # 1 x input
     _aten.native_layer_norm_backward.default: lambda args, fresh: _bytes(args[1]),  # 1 x input
     _aten._safe_softmax.default: lambda args, fresh: 4 * fresh,  # max, exp and mask temporaries
