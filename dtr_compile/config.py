@@ -77,7 +77,9 @@ cost_mode: Literal["estimate", "measure"] = "estimate"
 # "auto" uses them with codegen="fx" on CUDA tensors when triton imports, and steps aside otherwise (on CPU
 # the unfused recompute stays; under Inductor, Inductor fuses recomputes into its own kernels). "triton"
 # forces them with codegen="fx", CPU included (CPU tensors need TRITON_INTERPRET=1: slow, for tests). "off"
-# never uses them. With kernels on, dropout draws from a counter-based RNG keyed by a saved seed.
+# never uses them. With kernels on, dropout draws from a counter-based RNG keyed by a saved seed. The same
+# setting decides whether the eager runtime reruns a fusible slice of a compiled region as one kernel when it
+# brings back an evicted output (runtime/slice_kernels.py), under either code generator.
 recompute_kernels: Literal["auto", "triton", "off"] = "auto"
 
 # How a training step of a `torch.compile(backend="dtr")` model is managed. "runtime": the whole step runs

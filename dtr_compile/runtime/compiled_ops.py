@@ -127,14 +127,22 @@ class CompiledPart:
 class SliceRecipe(Recipe):
     """Recompute one output of a compiled forward from its slice (its boundary values as inputs)."""
 
-    __slots__ = ("module",)
+    __slots__ = ("kernel", "kernel_inputs", "module")
     compiled = True
 
     def __init__(self, output_slice: OutputSlice, leaves: list[Any]) -> None:
         super().__init__(output_slice.module, None, leaves, frozenset(), [OutputSource("fresh", 0)], None)
         self.module = output_slice.module
+        self.kernel = output_slice.kernel  # one Triton kernel for the whole slice (slice_kernels.py), or None
+        self.kernel_inputs = output_slice.kernel_inputs
+
+    @property
+    def fused(self) -> bool:
+        return self.kernel is not None
 
     def invoke(self, flat: list[Any]) -> list[Any]:
+        if self.kernel is not None:
+            return [self.kernel(*(flat[i] for i in self.kernel_inputs))[0]]
         return [self.module(*flat)]
 
 

@@ -66,6 +66,7 @@ class Recipe:
 
     __slots__ = ("func", "leaves", "mutated", "rng", "sources", "spec")
     compiled = False  # reruns compiled code (a part of a compiled region)?
+    fused = False  # reruns it as one Triton kernel (runtime/slice_kernels.py)?
 
     def __init__(
         self,
@@ -121,6 +122,7 @@ class TorchExecutor:
         self.recompute_seconds = 0.0
         self.region_evictions = 0  # live outputs of compiled regions evicted
         self.region_remats = 0  # reruns of compiled code
+        self.kernel_remats = 0  # of those, as one Triton kernel
 
     def recompute(self, op: Operation) -> None:
         start = time.perf_counter()
@@ -128,6 +130,7 @@ class TorchExecutor:
         self.recompute_seconds += time.perf_counter() - start
         if op.payload.compiled:
             self.region_remats += 1
+            self.kernel_remats += op.payload.fused
 
     def evict(self, storage: Storage) -> None:
         payload = storage.payload

@@ -68,6 +68,7 @@ class RuntimeStats:
     rematerializations: int
     region_evictions: int  # of those, outputs of compiled regions (compiled_ops.py)
     region_rematerializations: int  # of those, reruns of compiled code
+    kernel_rematerializations: int  # of those, as one Triton kernel (config.recompute_kernels)
     remat_seconds: float  # wall time spent recomputing
     search_seconds: float  # wall time spent choosing what to evict
     compute_seconds: float  # wall time of the original ops
@@ -79,7 +80,7 @@ class RuntimeStats:
         return (
             f"DTR runtime: budget {budget}, peak {format_bytes(self.peak_bytes)}, {self.evictions} evictions "
             f"({self.region_evictions} of compiled-region outputs), {self.rematerializations} rematerializations "
-            f"({self.region_rematerializations} reran compiled code; {self.remat_seconds * 1e3:.1f} ms recompute, "
+            f"({self.region_rematerializations} reran compiled code, {self.kernel_rematerializations} as Triton kernels; {self.remat_seconds * 1e3:.1f} ms recompute, "
             f"{self.search_seconds * 1e3:.1f} ms eviction search, {self.compute_seconds * 1e3:.1f} ms compute), "
             f"{self.steps} steps"
         )
@@ -305,6 +306,7 @@ class Runtime:
             rematerializations=engine.remats,
             region_evictions=self.executor.region_evictions,
             region_rematerializations=self.executor.region_remats,
+            kernel_rematerializations=self.executor.kernel_remats,
             remat_seconds=self.executor.recompute_seconds,
             search_seconds=engine.search_seconds,
             compute_seconds=self.compute_seconds,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx
@@ -40,6 +41,10 @@ class OutputSlice:
     boundaries: tuple[Boundary, ...]
     estimated_s: float
     workspace_bytes: int  # its intermediates, all counted as live at once (an upper bound of its transient)
+    # One Triton kernel computing the output, when the slice is a fusible chain (slice_kernels.py), and the
+    # positions among the boundary values of the kernel's inputs.
+    kernel: Any = None
+    kernel_inputs: tuple[int, ...] = ()
 
 
 def output_slices(gm: fx.GraphModule) -> list[OutputSlice | None]:
