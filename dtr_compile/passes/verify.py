@@ -39,7 +39,7 @@ SAFETY = 0.99  # a re-plan aims this much below the budget, since the model/meas
 
 def measure_region(compiled: Callable[..., Any], example_inputs: Sequence[Any]) -> int | None:
     """Peak bytes of one forward + backward of `compiled` above what was live before it; None when the
-    inputs cannot be stood in for (symbolic sizes, opaque objects)."""
+    inputs cannot be stood in for (symbolic sizes, opaque objects), or on CPU while a profiler is running."""
     inputs: list[Any] = []
     params: list[torch.nn.Parameter] = []  # used as they are; their `.grad` is put back afterwards
     device = torch.device("cpu")
@@ -62,6 +62,11 @@ def measure_region(compiled: Callable[..., Any], example_inputs: Sequence[Any]) 
         else:
             return None
     if device.type not in ("cpu", "cuda"):
+        return None
+    if device.type == "cpu" and torch._C._autograd._profiler_enabled():
+        # On CPU the measurement is a profiler session, and only one can run: a second would end the program's
+        # own (torch.profiler around the step that compiles). The plan is then used as the model made it.
+        log.warning("dtr: a profiler is running, so the compiled region is not measured at compile time")
         return None
     grads = [param.grad for param in params]
     leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]

@@ -64,10 +64,15 @@ def gpt2() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 
 def run_step(model: nn.Module, inputs, budget, *, codegen: str = "fx", seed: int = 0, steps: int = 2):
-    """Compile with a fresh backend, run `steps` steps; returns (grads, measured peak, backend reports)."""
+    """Compile with a fresh backend (a first step, not measured: a profiler session around the compile would
+    keep the backend from measuring the compiled region, verify.py), then run `steps` measured steps; returns
+    (grads of the last step, its measured peak, backend reports)."""
     torch._dynamo.reset()
     backend = make_backend(budget, codegen=codegen)
     compiled = torch.compile(model, backend=backend)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    compiled(*inputs).sum().backward()
     peak = None
     for _ in range(steps):
         model.zero_grad(set_to_none=True)

@@ -10,6 +10,8 @@ import compiled_models as models
 import pytest
 import torch
 
+from dtr_compile.backend import make_backend
+
 
 def test_backend_found_through_entry_point_in_fresh_process() -> None:
     code = textwrap.dedent(
@@ -41,6 +43,20 @@ def test_inductor_gradients_equal_eager_and_peak_within_budget() -> None:
     assert report.planned_peak.peak_bytes <= report.target_bytes <= report.budget_bytes
     assert report.measured_peak_bytes is not None  # the compile-time check of the compiled region ran
     assert measured <= 1.05 * report.budget_bytes, (measured, report.budget_bytes)
+
+
+def test_a_profiler_around_the_compiling_step_keeps_its_session() -> None:
+    """On CPU the compile-time measurement is a profiler session; inside the program's own it is skipped
+    (a second session would end the program's, which then records nothing)."""
+    from dtr_compile.measure import measure_peak
+
+    model, inputs = models.mlp()
+    torch._dynamo.reset()
+    backend = make_backend(0.6, codegen="inductor")
+    compiled = torch.compile(model, backend=backend)
+    _, measured = measure_peak(lambda: compiled(*inputs).sum().backward())
+    assert measured.peak_bytes > 0 and measured.events > 0
+    assert backend.reports[-1].measured_peak_bytes is None
 
 
 @pytest.mark.slow  # two Inductor compiles of a transformer: ~2 min on 2 cores
