@@ -273,6 +273,10 @@ class Engine:
             if storage.locks == 0:
                 self._free_if_dead(storage)
 
+    def keep_resident(self, storage: Storage) -> None:
+        """Never choose `storage` for eviction; unlike `pin`, it is freed as usual when its last handle dies."""
+        self.pool.discard(storage)
+
     def pin(self, storage: Storage) -> None:
         """Never evict `storage` again (e.g. an output that must survive the step)."""
         if not storage.resident:

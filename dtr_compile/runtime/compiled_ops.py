@@ -125,16 +125,23 @@ class CompiledPart:
 
 
 class SliceRecipe(Recipe):
-    """Recompute one output of a compiled forward from its slice (its boundary values as inputs)."""
+    """Recompute one output of a compiled forward from its slice (its boundary values as inputs).
 
-    __slots__ = ("kernel", "kernel_inputs", "module")
+    The slice is the FX graph the code generator was given, not the code it generated: its result can be laid
+    out differently (Inductor picks the strides of the outputs it writes). A rematerialization hands its bytes to
+    the program's tensors, which read them with the first run's layout, so a result laid out otherwise is
+    copied into that layout first."""
+
+    __slots__ = ("kernel", "kernel_inputs", "layout", "module")
     compiled = True
 
-    def __init__(self, output_slice: OutputSlice, leaves: list[Any]) -> None:
+    def __init__(self, output_slice: OutputSlice, leaves: list[Any], first_run: torch.Tensor) -> None:
         super().__init__(output_slice.module, None, leaves, frozenset(), [OutputSource("fresh", 0)], None)
         self.module = output_slice.module
         self.kernel = output_slice.kernel  # one Triton kernel for the whole slice (slice_kernels.py), or None
         self.kernel_inputs = output_slice.kernel_inputs
+        self.layout = (first_run.dtype, tuple(first_run.shape), first_run.stride(), first_run.storage_offset(),
+                       first_run.untyped_storage().nbytes())
 
     @property
     def fused(self) -> bool:
@@ -142,8 +149,18 @@ class SliceRecipe(Recipe):
 
     def invoke(self, flat: list[Any]) -> list[Any]:
         if self.kernel is not None:
-            return [self.kernel(*(flat[i] for i in self.kernel_inputs))[0]]
-        return [self.module(*flat)]
+            result = self.kernel(*(flat[i] for i in self.kernel_inputs))[0]
+        else:
+            result = self.module(*flat)
+        dtype, size, stride, offset, nbytes = self.layout
+        if (result.dtype, result.stride(), result.storage_offset(), result.untyped_storage().nbytes()) != (
+            dtype, stride, offset, nbytes
+        ):
+            storage = torch.UntypedStorage(nbytes, device=result.device)
+            laid_out = torch.empty(0, dtype=dtype, device=result.device).set_(storage, offset, size, stride)
+            laid_out.copy_(result)
+            result = laid_out
+        return [result]
 
 
 class PartRecipe(Recipe):
@@ -281,7 +298,7 @@ def record_by_slices(
             storages = list(dict.fromkeys(leaf.storage for leaf in leaves if isinstance(leaf, TensorValue)))
             engine.reserve(storages, 0, part.name)  # all resident: locks them for the record
             op = engine.record(f"{part.name}[{k}]", storages, [results[k].untyped_storage().nbytes()],
-                               output_slice.estimated_s, payload=SliceRecipe(output_slice, leaves),
+                               output_slice.estimated_s, payload=SliceRecipe(output_slice, leaves, results[k]),
                                workspace=output_slice.workspace_bytes)
             adopt(op.outputs[0], k, key)
         if len(waiting) == len(pending):

@@ -148,6 +148,12 @@ def record_outputs(
                     rt.note_handle(r, cell)
     if recorder is not None:
         _log_call(rt, name, flat, leaves, written, results, written_ids, fresh, outputs[len(versioned):], cost)
+    if torch._C._current_graph_task_id() != -1:
+        # Made by the backward pass: gradients, which the autograd engine holds and sums outside any dispatch
+        # mode (its input buffers), where an evicted one would be read as freed memory. They stay resident
+        # until they die; the forward's activations are what the runtime evicts.
+        for storage in outputs:
+            engine.keep_resident(storage)
     for storage in outputs:
         engine.drop_handle(storage)  # the engine's initial handle: from now on only the program's handles count
 
