@@ -238,6 +238,7 @@ def test_garbage_collector_freeze_is_undone_and_a_programs_own_freeze_kept() -> 
         frozen = gc.get_freeze_count()
         with runtime:
             models.mlp_step(model).backward()
-        assert gc.get_freeze_count() >= frozen, "the program's own freeze is kept"
+        # kept (an unfreeze would empty it); objects in it may still die by reference counting
+        assert gc.get_freeze_count() > 0.9 * frozen, "the program's own freeze is kept"
     finally:
         gc.unfreeze()
