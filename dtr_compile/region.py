@@ -40,7 +40,7 @@ from .passes.costs import is_random
 from .passes.meta import cost_of
 from .passes.partition import DTRPartitioner, PlanReport
 from .passes.storage import tensor_nbytes
-from .runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint
+from .runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint, device_of
 from .runtime.implicit import STEPS
 from .runtime.runtime import current_step
 from .runtime.slice_kernels import kernels_wanted, with_kernels
@@ -146,7 +146,7 @@ def part_maker(
     mutated = _mutated_inputs(graph, placeholders)
     # A forward's outputs can each be recomputed alone, from the region's inputs and its other outputs.
     slices = output_slices(graph) if phase != "backward" and not mutated else None
-    if slices is not None and kernels_wanted(_device_of_graph(placeholders)):
+    if slices is not None and kernels_wanted(device_of([n.meta.get("val") for n in placeholders])):
         slices = with_kernels(slices)
     random = phase != "backward" and _draws_random_numbers(graph)
     estimated = _estimated_seconds(report, phase)
@@ -164,14 +164,6 @@ def part_maker(
         )
 
     return finish
-
-
-def _device_of_graph(placeholders: list[fx.Node]) -> torch.device:
-    for node in placeholders:
-        value = node.meta.get("val")
-        if isinstance(value, torch.Tensor):
-            return value.device
-    return torch.device("cpu")
 
 
 def _footprint(report: PlanReport, phase: str, example_numels: tuple[int, ...]) -> Footprint:

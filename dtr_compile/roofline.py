@@ -26,7 +26,7 @@ OVERHEAD_S = 2e-6
 FUSED_OVERHEAD_S = 1e-6
 
 
-def _symbolic(value: Any) -> bool:
+def has_symbolic_sizes(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in value.shape)
 
 
@@ -35,7 +35,7 @@ def tensor_bytes(value: Any) -> int:
     TorchDynamo specialize the graph to this one size (a guard), and recompile at every new size."""
     if not isinstance(value, torch.Tensor):
         return 0
-    if _symbolic(value):
+    if has_symbolic_sizes(value):
         from torch.fx.experimental.symbolic_shapes import optimization_hint
 
         numel = 1
@@ -47,7 +47,7 @@ def tensor_bytes(value: Any) -> int:
 
 def at_hints(value: Any) -> Any:
     """A meta tensor with `value`'s sizes at their hints (a formula can compute on it without guards)."""
-    if not _symbolic(value):
+    if not has_symbolic_sizes(value):
         return value
     from torch.fx.experimental.symbolic_shapes import optimization_hint
 
@@ -65,7 +65,7 @@ def call_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
     formula = flop_registry.get(packet) if packet is not None else None
     if formula is None:
         return 0
-    if any(_symbolic(x) for x in tree_flatten((args, kwargs, out))[0]):
+    if any(has_symbolic_sizes(x) for x in tree_flatten((args, kwargs, out))[0]):
         args, kwargs, out = tree_map(at_hints, (args, kwargs, out))
     try:
         return int(formula(*args, **kwargs, out_val=out))

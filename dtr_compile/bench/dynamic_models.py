@@ -230,8 +230,6 @@ def _moe(size: str, batch: int, seq: int, width: int, experts: int, layers: int)
 
 
 _BUILDERS: dict[str, tuple[Callable[..., DynamicCase], dict[str, dict[str, int]]]] = {
-    # "tiny" keeps a step in tens of milliseconds on one CPU thread (tests) with activations, not weights
-    # and gradients, making most of the peak, as in the cases rematerialization is for.
     # "test": the test suite (compiles with the FX code generator in seconds); "tiny": examples; "quick": the
     # benchmark. Activations, not weights and gradients, make most of each peak, as in the cases
     # rematerialization is for.

@@ -58,6 +58,16 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def check_kernels_can_run(device: torch.device | None) -> None:
+    """Raise, saying what to change, when Triton kernels cannot run on `device` in this process."""
+    if not triton_available():
+        raise ImportError(TRITON_MISSING)
+    if device is not None and device.type == "cpu":
+        problem = interpreter_problem()
+        if problem is not None:
+            raise ConfigError(problem)
+
+
 def interpreter_problem() -> str | None:
     """Why Triton's interpreter cannot run kernels on CPU tensors in this process, or None when it can."""
     if os.environ.get("TRITON_INTERPRET", "0") != "1":

@@ -34,10 +34,9 @@ import torch
 from torch import fx
 
 from .. import config
-from ..errors import ConfigError
 from ..kernels.codegen import generate
 from ..kernels.ir import TensorType, UnsupportedRegion
-from ..kernels.launch import TRITON_MISSING, RecomputeKernel, interpreter_problem, triton_available
+from ..kernels.launch import RecomputeKernel, check_kernels_can_run, triton_available
 from ..kernels.lower_fx import BACKWARD_CONSUMERS, ORDER_KEEPING_VIEWS, is_kernel_node, is_supported, lower_nodes
 from ..kernels.rng import draw_seed, dropout_kernel
 from .meta import DTR_META_KEY
@@ -153,12 +152,7 @@ def _decide(gm: fx.GraphModule, mode: str, codegen: str) -> tuple[bool, str]:
         if not triton_available():
             return False, "recompute_kernels='auto': triton is not installed"
         return True, "recompute_kernels='auto' with codegen='fx' on CUDA"
-    if not triton_available():
-        raise ImportError(TRITON_MISSING)
-    if device is not None and device.type == "cpu":
-        problem = interpreter_problem()
-        if problem is not None:
-            raise ConfigError(problem)
+    check_kernels_can_run(device)
     return True, f"recompute_kernels='triton' with codegen='fx' on {device}"
 
 

@@ -200,7 +200,7 @@ def run_part(rt: Runtime, part: CompiledPart, args: list[Any]) -> list[Any]:
         if written:
             inputs.before_writes(rt, args, written, True)
         need = part.footprint.reserve_bytes(args)
-        device = _device_of(args)
+        device = device_of(args)
         # What the output registration needs of the arguments once the part has freed them: the written ones.
         described = [args[i] if i in written else leaf for i, leaf in enumerate(inputs.leaves)]
         engine.reserve(inputs.storages, need, part.name)
@@ -319,7 +319,8 @@ def _storage_of_result(result: Any, storage_of: dict[int, Storage]) -> Storage |
     return storage_of.get(storage_key(result)) if isinstance(result, torch.Tensor) else None
 
 
-def _device_of(flat: Sequence[Any]) -> torch.device:
+def device_of(flat: Sequence[Any]) -> torch.device:
+    """The device of the first tensor among `flat` (CPU when there is none)."""
     for x in flat:
         if isinstance(x, torch.Tensor):
             return x.device

@@ -21,25 +21,20 @@ import torch
 from torch import fx
 
 from .. import config
-from ..errors import ConfigError
+from ..roofline import has_symbolic_sizes
 from .slices import OutputSlice
 
 
 def kernels_wanted(device: torch.device) -> bool:
     """Should the runtime recompute slices with Triton kernels on `device`? Raises for "triton" without it."""
-    from ..kernels.launch import TRITON_MISSING, interpreter_problem, triton_available
+    from ..kernels.launch import check_kernels_can_run, triton_available
 
     mode = config.recompute_kernels
     if mode == "off":
         return False
     if mode == "auto":
         return device.type == "cuda" and triton_available()
-    if not triton_available():
-        raise ImportError(TRITON_MISSING)
-    if device.type == "cpu":
-        problem = interpreter_problem()
-        if problem is not None:
-            raise ConfigError(problem)
+    check_kernels_can_run(device)
     return True
 
 
@@ -59,7 +54,7 @@ def _with_kernel(output_slice: OutputSlice) -> OutputSlice:
     value = target.meta.get("val") if isinstance(target, fx.Node) else None
     if not nodes or not isinstance(value, torch.Tensor) or not _plain_layout(value):
         return output_slice
-    if any(_symbolic(n.meta.get("val")) for n in nodes):
+    if any(has_symbolic_sizes(n.meta.get("val")) for n in nodes):
         return output_slice  # a kernel is generated for fixed sizes
     try:
         chain = compile_chain(nodes, [target])
@@ -75,7 +70,3 @@ def _with_kernel(output_slice: OutputSlice) -> OutputSlice:
 def _plain_layout(value: torch.Tensor) -> bool:
     # The recomputed bytes replace the evicted ones in place: they must be laid out the same way.
     return value.is_contiguous() and value.storage_offset() == 0
-
-
-def _symbolic(value: object) -> bool:
-    return isinstance(value, torch.Tensor) and any(not isinstance(s, int) for s in value.shape)
