@@ -59,7 +59,7 @@ def compile_region(
         def compiler(phase: str) -> Callable[[fx.GraphModule, Sequence[Any]], Any]:
             def compile_part(part: fx.GraphModule, inputs: Sequence[Any]) -> Any:
                 finish = wrap(part, phase) if wrap is not None else None
-                compiled = _boxed_fx(part, inputs)
+                compiled = boxed_fx(part, inputs)
                 return finish(compiled) if finish is not None else compiled
 
             return compile_part
@@ -113,7 +113,7 @@ def compile_region(
     raise ValueError(f"codegen={codegen!r}; expected 'inductor' or 'fx'")
 
 
-def _boxed_fx(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
+def boxed_fx(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
     """Run a graph as plain FX code with the boxed calling convention.
 
     The generated function takes AOTAutograd's argument list, empties it, and drops each input after

@@ -150,6 +150,10 @@ def part_maker(
         slices = with_kernels(slices)
     random = phase != "backward" and _draws_random_numbers(graph)
     estimated = _estimated_seconds(report, phase)
+    # Run op by op when the part does not fit as one operation (compiled_ops.run_part): the FX code itself
+    # (FX code generator), or a copy of the graph taken before Inductor's passes rewrite it. Not for a part
+    # that draws random numbers: its RNG state is replayed for the part as a whole.
+    fallback = None if random else _fx_copy(graph)
 
     def finish(inner: Any) -> CompiledPart:
         return CompiledPart(
@@ -161,9 +165,19 @@ def part_maker(
             mutated_inputs=mutated,
             slices=slices,
             on_call=STEPS.on_backward_part if phase == "backward" else None,
+            op_by_op=None if fallback is None else inner if inner is graph else fallback,
         )
 
     return finish
+
+
+def _fx_copy(graph: fx.GraphModule) -> fx.GraphModule:
+    """A boxed FX module of `graph`'s code that shares its parameters and constants, not its nodes."""
+    from .backend import boxed_fx
+
+    copied = fx.Graph()
+    copied.output(copied.graph_copy(graph.graph, {}))
+    return boxed_fx(fx.GraphModule(graph, copied), [])
 
 
 def _footprint(report: PlanReport, phase: str, example_numels: tuple[int, ...]) -> Footprint:

@@ -200,6 +200,7 @@ class Engine:
             # simulator): the recompute chain's own cost does not make the inputs look fresher.
             storage.last_access = self.clock
         try:
+            self._check_reachable(inputs, out_bytes)
             # The deep ones first (see `_next_missing`): what a shallow one brings back is held (locked) after.
             missing = sorted((s for s in inputs if not s.resident), key=lambda s: not _has_evicted_parent(s))
             for storage in missing:
@@ -274,7 +275,9 @@ class Engine:
                 self._free_if_dead(storage)
 
     def keep_resident(self, storage: Storage) -> None:
-        """Never choose `storage` for eviction; unlike `pin`, it is freed as usual when its last handle dies."""
+        """Never choose `storage` for eviction while a handle holds it; unlike `pin`, it is freed as usual when
+        its last handle dies (or, if `retain_needed_dead` keeps it, it becomes an eviction candidate again)."""
+        storage.kept_resident = True
         self.pool.discard(storage)
 
     def pin(self, storage: Storage) -> None:
@@ -535,7 +538,14 @@ class Engine:
         if storage.handles > 0 or not storage.resident or storage.pinned:
             return
         if self.retain_needed_dead and _needed_by_held(storage):
-            return  # stays resident and evictable: the heuristic decides when its memory is worth more
+            # Stays resident and evictable: the heuristic decides when its memory is worth more. A storage kept
+            # resident for its holders has none left; out of the pool, it would outlive the step.
+            if storage.kept_resident:
+                storage.kept_resident = False
+                if storage.counted and storage.producer is not None and storage.nbytes > 0:
+                    self.pool.add(storage)
+                    self._became_evictable(storage)
+            return
         self._evict(storage, eager=True)
 
     def _producer_of(self, storage: Storage) -> Operation:
@@ -560,10 +570,23 @@ class Engine:
                 f"dtr_compile.config.thrash_limit (None disables the guard)."
             )
 
-    def _raise_budget_error(self, nbytes: int) -> None:
+    def _check_reachable(self, inputs: Sequence[Storage], nbytes: int) -> None:
+        """Raise BudgetError before evicting anything when even evicting every candidate but the inputs could
+        not make room: evictions that cannot make an operation fit only cost their recomputes later (a caller
+        may then run the operation another way, compiled_ops.py)."""
+        if self.budget_bytes is None:
+            return
+        floor = self.memory - self.pool.nbytes + nbytes
+        for storage in dict.fromkeys(inputs):  # the inputs stay (locked), or come back
+            if storage.counted and (storage.pool_index >= 0 or not storage.resident):
+                floor += storage.nbytes
+        if floor > self.budget_bytes:
+            self._raise_budget_error(nbytes, floor=floor)
+
+    def _raise_budget_error(self, nbytes: int, *, floor: int | None = None) -> None:
         locked = sum(s.nbytes for s in self.pool if s.locks)
-        unevictable = self.memory - sum(s.nbytes for s in self.pool)  # pinned or held outside the pool
-        floor = locked + unevictable + nbytes
+        unevictable = self.memory - self.pool.nbytes  # pinned or held outside the pool
+        floor = max(floor or 0, locked + unevictable + nbytes)
         raise BudgetError(
             f"memory budget {format_bytes(self.budget_bytes)} cannot be met while running {self._current_op!r}: "
             f"it needs {format_bytes(nbytes)} more, {format_bytes(locked)} are locked by the running operations "

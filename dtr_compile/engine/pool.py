@@ -13,6 +13,7 @@ class CandidatePool:
 
     def __init__(self) -> None:
         self._items: list[Storage] = []
+        self.nbytes = 0  # their total size: what evicting every candidate could free
 
     def __len__(self) -> int:
         return len(self._items)
@@ -25,6 +26,7 @@ class CandidatePool:
             return
         storage.pool_index = len(self._items)
         self._items.append(storage)
+        self.nbytes += storage.nbytes
 
     def discard(self, storage: Storage) -> None:
         """Remove by swapping the last item into the freed slot."""
@@ -36,6 +38,7 @@ class CandidatePool:
             self._items[index] = last
             last.pool_index = index
         storage.pool_index = -1
+        self.nbytes -= storage.nbytes
 
     def sample(self, k: int, rng: random.Random) -> list[Storage]:
         if k >= len(self._items):

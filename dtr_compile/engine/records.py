@@ -59,6 +59,7 @@ class Storage:
         "eq",
         "evictable_since",
         "handles",
+        "kept_resident",
         "last_access",
         "locks",
         "meta",
@@ -84,6 +85,7 @@ class Storage:
         self.resident = True
         self.locks = 0
         self.handles = 0
+        self.kept_resident = False  # Engine.keep_resident: out of the eviction pool while a handle holds it
         self.last_access = 0.0
         self.eq: EqClass | None = None
         self.pool_index = -1

@@ -25,6 +25,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..engine import Storage
+from ..errors import BudgetError
 from .operations import Inputs, record_outputs
 from .recipe import OutputSource, Recipe, RngState
 from .slices import OutputSlice
@@ -79,12 +80,15 @@ class CompiledPart:
         mutated_inputs: Sequence[int] = (),
         slices: Sequence[OutputSlice | None] | None = None,
         on_call: Callable[[Runtime], None] | None = None,
+        op_by_op: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         """`estimated_s`: the plan's modelled time of the part (its cost to the engine unless costs are
         measured); `random`: it draws random numbers (its RNG state is replayed by a recompute);
         `mutated_inputs`: positions of the inputs it writes in place; `slices`: per output, how to recompute
         it alone (slices.py; None: only by rerunning the part); `on_call`: told the runtime whenever the part
-        runs inside a step (the backward part ends an implicit step through it)."""
+        runs inside a step (the backward part ends an implicit step through it); `op_by_op`: the part's FX
+        code (boxed), to run with every aten op an operation of the runtime when the part does not fit the
+        budget as one operation (see `run_part`)."""
         if not getattr(inner, "_boxed_call", False):
             from torch._functorch.aot_autograd import make_boxed_func
 
@@ -100,6 +104,7 @@ class CompiledPart:
         self.mutated_inputs = tuple(mutated_inputs)
         self.slices = list(slices) if slices is not None else None
         self.on_call = on_call
+        self.op_by_op = op_by_op
         self._measured_s = float("inf")
 
     def __call__(self, *call_args: Any) -> Any:
@@ -112,7 +117,18 @@ class CompiledPart:
         if self.on_call is not None:
             self.on_call(runtime)
         try:
-            return run_part(runtime, self, args)
+            try:
+                return run_part(runtime, self, args)
+            except PartDoesNotFit:
+                pass
+            # Outside the handler, whose exception holds run_part's frame and so the inputs this code frees as it
+            # goes. Where the runtime's dispatch mode sees the aten ops, each is an operation of the step; where
+            # it does not (the first step's backward: implicit.py), the part runs unmanaged like the code around it.
+            runtime.executor.parts_op_by_op += 1
+            if not _mode_sees_ops():
+                return self.inner(args)
+            assert self.op_by_op is not None
+            return self.op_by_op(args)
         except BaseException:
             runtime.failed = True
             raise
@@ -190,9 +206,19 @@ def active_runtime() -> Runtime | None:
     return None
 
 
+class PartDoesNotFit(Exception):
+    """The part cannot run as one operation within the budget, and it can run op by op instead."""
+
+
 def run_part(rt: Runtime, part: CompiledPart, args: list[Any]) -> list[Any]:
     """Run `part` on the boxed `args` as one operation of the step. The part empties the list as it goes
-    (a backward frees each saved activation after its last use); nothing here keeps the inputs alive."""
+    (a backward frees each saved activation after its last use); nothing here keeps the inputs alive.
+
+    One operation holds all of its inputs (a backward: every activation it was saved) and its whole transient
+    peak at once. When that cannot fit the budget (the region was planned against the room its forward had,
+    and its backward runs with more of the step resident: gradients, parameters' gradients) and the part has
+    FX code, raises PartDoesNotFit: the caller runs that code op by op under the runtime, which can then
+    evict and recompute the part's own inputs between its ops, as the eager runtime does for eager code."""
     engine = rt.engine
     with _disable_current_modes():  # the compiled code runs plainly: it is one operation of the step
         inputs = Inputs(rt, args)
@@ -203,7 +229,12 @@ def run_part(rt: Runtime, part: CompiledPart, args: list[Any]) -> list[Any]:
         device = device_of(args)
         # What the output registration needs of the arguments once the part has freed them: the written ones.
         described = [args[i] if i in written else leaf for i, leaf in enumerate(inputs.leaves)]
-        engine.reserve(inputs.storages, need, part.name)
+        try:
+            engine.reserve(inputs.storages, need, part.name)
+        except BudgetError as error:
+            if part.op_by_op is None:
+                raise
+            raise PartDoesNotFit from error
         # A part frees each input it was handed alone after its last use (the activations AOTAutograd passes
         # a backward): the runtime holds the inputs weakly while it runs, and those that did not survive it
         # count as consumed by it (evicted, recomputable from their producers).
@@ -232,6 +263,12 @@ def run_part(rt: Runtime, part: CompiledPart, args: list[Any]) -> list[Any]:
                            lambda sources: PartRecipe(part, inputs.leaves, frozenset(written), sources, rng),
                            unpredicted=True, consumed=consumed)
     return results
+
+
+def _mode_sees_ops() -> bool:
+    """Does the runtime's dispatch mode see the aten ops run now? Not in the first step's backward, whose mode
+    was pushed inside TorchDynamo's frame (implicit.py)."""
+    return torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.Python)
 
 
 def record_by_slices(

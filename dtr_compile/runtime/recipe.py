@@ -123,6 +123,7 @@ class TorchExecutor:
         self.region_evictions = 0  # live outputs of compiled regions evicted
         self.region_remats = 0  # reruns of compiled code
         self.kernel_remats = 0  # of those, as one Triton kernel
+        self.parts_op_by_op = 0  # compiled parts run op by op because they did not fit as one operation
 
     def recompute(self, op: Operation) -> None:
         start = time.perf_counter()

@@ -69,6 +69,7 @@ class RuntimeStats:
     region_evictions: int  # of those, outputs of compiled regions (compiled_ops.py)
     region_rematerializations: int  # of those, reruns of compiled code
     kernel_rematerializations: int  # of those, as one Triton kernel (config.recompute_kernels)
+    parts_op_by_op: int  # compiled parts run op by op: too big for the budget as one operation
     remat_seconds: float  # wall time spent recomputing
     search_seconds: float  # wall time spent choosing what to evict
     compute_seconds: float  # wall time of the original ops
@@ -82,7 +83,7 @@ class RuntimeStats:
             f"({self.region_evictions} of compiled-region outputs), {self.rematerializations} rematerializations "
             f"({self.region_rematerializations} reran compiled code, {self.kernel_rematerializations} as Triton kernels; {self.remat_seconds * 1e3:.1f} ms recompute, "
             f"{self.search_seconds * 1e3:.1f} ms eviction search, {self.compute_seconds * 1e3:.1f} ms compute), "
-            f"{self.steps} steps"
+            f"{self.parts_op_by_op} compiled parts run op by op, {self.steps} steps"
         )
 
 
@@ -307,6 +308,7 @@ class Runtime:
             region_evictions=self.executor.region_evictions,
             region_rematerializations=self.executor.region_remats,
             kernel_rematerializations=self.executor.kernel_remats,
+            parts_op_by_op=self.executor.parts_op_by_op,
             remat_seconds=self.executor.recompute_seconds,
             search_seconds=engine.search_seconds,
             compute_seconds=self.compute_seconds,

@@ -20,6 +20,7 @@ import dtr_compile
 import dtr_compile.region
 from dtr_compile.bench.dynamic_models import build_dynamic
 from dtr_compile.measure import measure_peak
+from dtr_compile.runtime.compiled_ops import Footprint
 from dtr_compile.runtime.implicit import implicit_runtime
 
 
@@ -59,11 +60,6 @@ CASES = {
 }
 
 
-# The mixture of experts holds many gradients at once (one per expert, summed by the autograd engine), which
-# the runtime never evicts (operations.py); its smallest feasible budget is just above 0.3 (0.315).
-FRACTIONS = {"moe": (0.5, 0.35)}
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_one_budget_across_graph_breaks(name: str) -> None:
     steps = CASES[name]
@@ -71,7 +67,7 @@ def test_one_budget_across_graph_breaks(name: str) -> None:
     initial = copy.deepcopy(case.model.state_dict())
     eager = _steps(case, case.model, steps)
     no_remat_peak = max(peak for _, _, peak in eager)
-    for fraction in FRACTIONS.get(name, (0.5, 0.3)):
+    for fraction in (0.5, 0.3):
         budget = int(fraction * no_remat_peak)
         case.model.load_state_dict(initial)
         torch._dynamo.reset()
@@ -87,6 +83,31 @@ def test_one_budget_across_graph_breaks(name: str) -> None:
         assert stats.steps == steps, (what, stats)  # every step began and ended under the runtime
         if name in ("transformer_branch", "moe"):  # several regions per step: the runtime moves their outputs
             assert stats.region_evictions > 0 and stats.region_rematerializations > 0, (what, stats)
+
+
+def test_a_backward_part_too_big_for_the_budget_runs_op_by_op(monkeypatch) -> None:
+    """A region's backward that cannot fit the budget as one operation (here: told that it needs a terabyte
+    of workspace) runs its FX code op by op under the runtime instead of failing the step; values, gradients
+    and the budget hold."""
+    original = dtr_compile.region._footprint
+
+    def huge_backward(report, phase, example_numels):
+        footprint = original(report, phase, example_numels)
+        return Footprint(footprint.new_bytes, 1 << 40, example_numels) if phase == "backward" else footprint
+
+    monkeypatch.setattr(dtr_compile.region, "_footprint", huge_backward)
+    case = build_dynamic("transformer_branch", "test")
+    initial = copy.deepcopy(case.model.state_dict())
+    eager = _steps(case, case.model, 3)
+    budget = int(0.5 * max(peak for _, _, peak in eager))
+    case.model.load_state_dict(initial)
+    torch._dynamo.reset()
+    with dtr_compile.config.patch(memory_budget=budget, codegen="fx"):
+        results = _steps(case, torch.compile(case.model, backend="dtr"), 3)
+    _assert_close(results, eager, "op by op")
+    assert max(peak for _, _, peak in results[1:]) <= 1.05 * budget
+    stats = implicit_runtime().stats()
+    assert stats.parts_op_by_op > 0 and stats.steps == 3, stats
 
 
 def test_changing_sequence_length_does_not_recompile_every_step(monkeypatch) -> None:

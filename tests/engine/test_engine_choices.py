@@ -180,7 +180,9 @@ def test_budget_error_during_a_recompute() -> None:
     h.op("big", [], [UNIT], pinned_outputs=True)  # x, b, big: the budget is full
     with pytest.raises(BudgetError, match="'use_a_and_b'") as info:
         h.op("use_a_and_b", [b, a])  # b is locked by the op, x and big are pinned: a cannot come back
-    assert info.value.smallest_feasible_bytes == 4 * UNIT  # b locked, x and big pinned, room for a
+    # Known before anything is recomputed or evicted: x and big pinned, the inputs a and b, and the output.
+    assert info.value.smallest_feasible_bytes == 5 * UNIT
+    assert h.executor.recomputed == [] and a.resident is False and b.resident
 
 
 def test_a_failed_reserve_releases_every_lock_it_took() -> None:

@@ -109,3 +109,22 @@ def test_charge_recompute_advances_the_clock_and_can_thrash() -> None:
     assert (engine.clock, engine.remat_cost, engine.remats) == (4.0, 4.0, 1)
     with pytest.raises(ThrashError, match="view"):
         engine.charge_recompute(7.0, "view")
+
+
+def test_a_kept_resident_storage_retained_after_death_becomes_evictable_and_is_freed_at_step_end() -> None:
+    """A storage kept resident for its holders (the torch runtime's gradients) that dies while an evicted held
+    storage still needs it is retained like any other dead parent: a candidate again, and freed by
+    `free_dead` when the step ends (it had been left out of the pool, and its bytes counted forever)."""
+    h = Harness(None, heuristic="dtr_eq_retain")
+    x = h.constant()
+    (a,) = h.op("fa", [x])
+    h.engine.keep_resident(a)
+    assert a not in h.engine.pool
+    (b,) = h.op("fb", [a])
+    h.engine.evict(b)
+    h.drop(a)  # dead, but b (held, evicted) needs it: retained
+    assert a.resident and a in h.engine.pool and not a.kept_resident
+    memory = h.engine.memory
+    h.drop(b)
+    h.engine.free_dead()
+    assert not a.resident and h.engine.memory == memory - a.nbytes
