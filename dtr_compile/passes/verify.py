@@ -150,6 +150,13 @@ def compile_within_budget(
     return compiled
 
 
+# Model targets tried when the budget is not met otherwise, as multiples of the planner's lowest modelled peak.
+# The lowest modelled plan is not always the lowest measured one: the deepest plans (many recomputes, the
+# paging planner's) are where Inductor's memory strays furthest above the model, so a plan held a little higher
+# can measure lower. Tried from the highest down (the first that fits recomputes least).
+LOW_PLAN_TARGETS = (1.15, 1.1, 1.05, 1.0)
+
+
 def _lowest_plan(
     compile_once: Callable[[], Callable[..., Any]],
     example_inputs: Sequence[Any],
@@ -157,8 +164,10 @@ def _lowest_plan(
     error: BudgetError | None,
     budget_bytes: int | None = None,
 ) -> tuple[Callable[..., Any], PlanReport, int]:
-    """Compile the planner's lowest plan and measure it; returns (compiled, its report, the smallest budget
-    it shows to be feasible: its measured peak, or its modelled one where that is higher)."""
+    """Compile and measure the plans held to LOW_PLAN_TARGETS x the planner's lowest modelled peak; returns the
+    first that meets the budget or else the one that shows the smallest budget feasible, as (compiled, its
+    report, the smallest budget it shows to be feasible: its measured peak, or its modelled one where that is
+    higher)."""
     budget_bytes = error.budget_bytes if error is not None else budget_bytes
     floor = getattr(error, "modelled_floor_bytes", None)
     if floor is None:  # plan for one byte: the planner then names its lowest peak
@@ -170,20 +179,34 @@ def _lowest_plan(
             error = error or lowest
         if floor is None:
             raise error or BudgetError(f"no plan meets the budget of {budget_bytes} bytes", budget_bytes=budget_bytes)
-    partitioner.model_scale = floor / budget_bytes
-    try:
-        compiled = compile_once()
-    except BudgetError:
-        raise error from None
-    report = partitioner.reports.pop()
-    measured = measure_region(compiled, example_inputs)
-    report.measured_peak_bytes = measured
-    if measured is None:
-        if error is not None:
-            raise error
-        return compiled, report, report.planned_peak.peak_bytes
-    # A budget of max(measured, modelled) plans (the model reaches it) and is met (this plan meets it).
-    return compiled, report, max(measured, report.planned_peak.peak_bytes)
+    best: tuple[Callable[..., Any], PlanReport, int] | None = None
+    factors = list(LOW_PLAN_TARGETS)
+    while factors:
+        factor = factors.pop(0)
+        partitioner.model_scale = floor * factor / budget_bytes
+        try:
+            compiled = compile_once()
+        except BudgetError:
+            continue
+        report = partitioner.reports.pop()
+        measured = measure_region(compiled, example_inputs)
+        report.measured_peak_bytes = measured
+        # A budget of max(measured, modelled) plans (the model reaches it) and is met (this plan meets it).
+        shown = report.planned_peak.peak_bytes if measured is None else max(measured, report.planned_peak.peak_bytes)
+        if measured is None:  # nothing to compare plans by (see measure_region): the lowest modelled one
+            if factors:
+                factors = factors[-1:]
+                continue
+            if error is not None:
+                raise error
+            return compiled, report, shown
+        if best is None or shown < best[2]:
+            best = (compiled, report, shown)
+        if measured <= budget_bytes:
+            return compiled, report, shown
+    if best is None:
+        raise error or BudgetError(f"no plan meets the budget of {budget_bytes} bytes", budget_bytes=budget_bytes)
+    return best
 
 
 def _too_small(budget_bytes: int, smallest: int) -> BudgetError:
