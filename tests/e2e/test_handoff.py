@@ -110,6 +110,38 @@ def test_a_backward_part_too_big_for_the_budget_runs_op_by_op(monkeypatch) -> No
     assert stats.parts_op_by_op > 0 and stats.steps == 3, stats
 
 
+def test_forward_and_backward_parts_of_a_batchnorm_cnn_run_op_by_op(monkeypatch) -> None:
+    """Forward parts too (which write BatchNorm's running statistics in place) fall back op by op: gradients and
+    running statistics equal eager's, within the budget."""
+    from tests.e2e.compiled_models import cnn
+
+    original = dtr_compile.region._footprint
+    monkeypatch.setattr(dtr_compile.region, "_footprint", lambda report, phase, numels: Footprint(
+        original(report, phase, numels).new_bytes, 1 << 40, numels))
+    model, (x,) = cnn()
+    reference = copy.deepcopy(model)
+
+    def steps(run, owner):
+        results = []
+        for step in range(3):
+            owner.zero_grad(set_to_none=True)
+            _, measured = measure_peak(lambda step=step: run(x + step).sum().backward())
+            results.append(([p.grad.clone() for p in owner.parameters()], [b.clone() for b in owner.buffers()],
+                            measured.peak_bytes))
+        return results
+
+    eager = steps(reference, reference)
+    budget = int(0.7 * max(peak for _, _, peak in eager))
+    torch._dynamo.reset()
+    with dtr_compile.config.patch(memory_budget=budget, codegen="fx"):
+        results = steps(torch.compile(model, backend="dtr"), model)
+    for step, ((grads, buffers, peak), (ref_grads, ref_buffers, _)) in enumerate(zip(results, eager)):
+        for got, want in zip(grads + buffers, ref_grads + ref_buffers):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert step == 0 or peak <= 1.05 * budget, (step, peak, budget)  # the first step compiles (see above)
+    assert implicit_runtime().stats().parts_op_by_op >= 4  # forward and backward, in the steps after the first
+
+
 def test_changing_sequence_length_does_not_recompile_every_step(monkeypatch) -> None:
     """The transformer's length changes at every step: Dynamo compiles each frame static once, then dynamic
     once (automatic dynamic shapes), and later lengths reuse the dynamic plans. (A branch taken for the first
