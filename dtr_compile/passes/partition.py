@@ -55,6 +55,7 @@ class PlanReport:
     measured_peak_bytes: int | None = None  # peak of the compiled region measured at compile time (verify.py)
     replans: int = 0  # how many times verify.py planned and compiled the region again
     fusion: FusionReport | None = None  # recompute kernels: the graph actually split, and what was fused
+    memory_model: str = "exact"  # what held the plan: "exact" (every value allocated) or "inductor" (inlining.py)
 
 
 def resolve_budget(budget: Budget, no_remat_peak: int) -> int | None:
@@ -75,15 +76,19 @@ def plan_joint(
     keep: frozenset[str] | None = None,
     codegen: str = "fx",
     model_scale: float = 1.0,
+    memory_model: str | None = None,
 ) -> PlanReport:
     """Plan `joint` under `budget`; raises BudgetError (naming the smallest feasible budget) if it cannot.
 
     `codegen`: who compiles the split graphs; with "inductor" the memory model accounts for the
     pointwise ops Inductor inlines into their reader (inlining.py).
+    `memory_model`: "inductor" or "exact" (every value allocated) instead of the one `codegen` implies; the
+    compile-time measurement (verify.py) proposes plans with the other model when the implied one cannot
+    reach the budget.
     `model_scale`: hold the modelled peak to `model_scale` x the budget (below 1 when a measurement of
     the compiled code showed that it uses more memory than modelled, see verify.py)."""
     with paused_gc():
-        return _plan_joint(joint, budget, num_fwd_outputs, cost_mode, keep, codegen, model_scale)
+        return _plan_joint(joint, budget, num_fwd_outputs, cost_mode, keep, codegen, model_scale, memory_model)
 
 
 def _plan_joint(
@@ -94,8 +99,12 @@ def _plan_joint(
     keep: frozenset[str] | None,
     codegen: str,
     model_scale: float,
+    memory_model: str | None = None,
 ) -> PlanReport:
-    inductor = codegen == "inductor"
+    if memory_model not in (None, "inductor", "exact"):
+        raise ValueError(f"memory_model={memory_model!r}; expected 'inductor', 'exact' or None")
+    model_name = memory_model or ("inductor" if codegen == "inductor" else "exact")
+    inductor = model_name == "inductor"
     annotate_costs(joint, mode=cost_mode, codegen=codegen)
     baseline = plan_schedule(joint, None, num_fwd_outputs=num_fwd_outputs, keep=keep, inductor=inductor)
     baseline_gm = emit_plan(joint, baseline, num_fwd_outputs=num_fwd_outputs)
@@ -104,7 +113,8 @@ def _plan_joint(
     target = None if budget_bytes is None else max(1, round(budget_bytes * model_scale))
     if target is None or target >= no_remat.peak_bytes:
         return PlanReport(
-            joint, baseline_gm, baseline, budget_bytes, no_remat, no_remat, num_fwd_outputs, target_bytes=target
+            joint, baseline_gm, baseline, budget_bytes, no_remat, no_remat, num_fwd_outputs, target_bytes=target,
+            memory_model=model_name,
         )
     plan = plan_schedule(joint, target, num_fwd_outputs=num_fwd_outputs, keep=keep, inductor=inductor)
     if not plan.fits:
@@ -117,7 +127,8 @@ def _plan_joint(
             paged_plan, planned, peak = paged
             paged_plan.smallest_peak_bytes = min(floor, peak.peak_bytes)
             return PlanReport(
-                joint, planned, paged_plan, budget_bytes, no_remat, peak, num_fwd_outputs, target_bytes=target
+                joint, planned, paged_plan, budget_bytes, no_remat, peak, num_fwd_outputs, target_bytes=target,
+                memory_model=model_name,
             )
         smallest = math.ceil(floor / model_scale)  # in the user's terms
         error = BudgetError(
@@ -137,7 +148,9 @@ def _plan_joint(
             f"planner simulated a peak of {plan.replay_peak_bytes} bytes, the emitted graph models "
             f"{peak.peak_bytes}: please report this with the model that triggered it"
         )
-    return PlanReport(joint, planned, plan, budget_bytes, no_remat, peak, num_fwd_outputs, target_bytes=target)
+    return PlanReport(
+        joint, planned, plan, budget_bytes, no_remat, peak, num_fwd_outputs, target_bytes=target, memory_model=model_name
+    )
 
 
 def _paged_plan(
@@ -242,8 +255,10 @@ class DTRPartitioner(_PartitionerBase):
         start_from_min_cut: bool = False,
         codegen: str | None = None,
         model_scale: float = 1.0,
+        memory_model: str | None = None,
     ) -> None:
-        """`model_scale`: hold the modelled peak to this fraction of the budget (see plan_joint).
+        """`model_scale`: hold the modelled peak to this fraction of the budget (see plan_joint);
+        `memory_model`: see plan_joint (None: the one the code generator implies).
 
         `start_from_min_cut`: start from PyTorch's runtime-optimal min-cut partition (what Inductor does
         with no budget: cheap pointwise ops are recomputed inside fused backward kernels) instead of
@@ -255,6 +270,7 @@ class DTRPartitioner(_PartitionerBase):
         self.start_from_min_cut = start_from_min_cut
         self.codegen = codegen  # who compiles the split graphs; None: config.codegen when the graph is planned
         self.model_scale = model_scale
+        self.memory_model = memory_model
         self.reports: list[PlanReport] = []
 
     def __call__(
@@ -272,6 +288,7 @@ class DTRPartitioner(_PartitionerBase):
             keep=keep,
             codegen=codegen,
             model_scale=self.model_scale,
+            memory_model=self.memory_model,
         )
         report.fusion = fuse_recomputes(
             report.planned, num_fwd_outputs=num_fwd_outputs, budget_bytes=report.budget_bytes, codegen=codegen
@@ -290,6 +307,7 @@ class DTRPartitioner(_PartitionerBase):
             "start_from_min_cut": self.start_from_min_cut,
             "codegen": self.codegen,
             "model_scale": self.model_scale,
+            "memory_model": self.memory_model,
             "reports": [],
         }
         return (DTRPartitioner, (self.budget,), state)
@@ -303,4 +321,5 @@ class DTRPartitioner(_PartitionerBase):
             self.start_from_min_cut,
             self.codegen,
             self.model_scale,
+            self.memory_model,
         )

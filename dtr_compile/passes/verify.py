@@ -155,6 +155,12 @@ def compile_within_budget(
 # paging planner's) are where Inductor's memory strays furthest above the model, so a plan held a little higher
 # can measure lower. Tried from the highest down (the first that fits recomputes least).
 LOW_PLAN_TARGETS = (1.15, 1.1, 1.05, 1.0)
+# Then plans held by the exact memory model (every value allocated: what Inductor's inlining may save is not
+# counted on), at these fractions of the budget, from the highest down. Its plans can be deeper than the
+# Inductor model allows: on a BatchNorm CNN whose Inductor-model floor was 0.50 of no-remat, an exact-model
+# plan measured 0.42. Neither model ranks Inductor's measured peaks reliably at this depth (the same CNN's
+# exact-model plan held to 0.45 measured 0.51, the one held to 0.40 measured 0.42), hence several targets.
+EXACT_MODEL_SCALES = (1.0, 0.9, 0.8, 0.7)
 
 
 def _lowest_plan(
@@ -164,11 +170,13 @@ def _lowest_plan(
     error: BudgetError | None,
     budget_bytes: int | None = None,
 ) -> tuple[Callable[..., Any], PlanReport, int]:
-    """Compile and measure the plans held to LOW_PLAN_TARGETS x the planner's lowest modelled peak; returns the
-    first that meets the budget or else the one that shows the smallest budget feasible, as (compiled, its
-    report, the smallest budget it shows to be feasible: its measured peak, or its modelled one where that is
-    higher)."""
+    """Compile and measure low plans: those held to LOW_PLAN_TARGETS x the planner's lowest modelled peak, then
+    those held by the exact memory model to EXACT_MODEL_SCALES x the budget. Returns the first that meets the
+    budget, or else the one that shows the smallest budget feasible, as (compiled, its report, the smallest
+    budget it shows to be feasible: its measured peak, or its modelled one where that is higher). A plan kept
+    from the exact model leaves `partitioner.memory_model` set, so that compiling again plans the same way."""
     budget_bytes = error.budget_bytes if error is not None else budget_bytes
+    assert budget_bytes is not None
     floor = getattr(error, "modelled_floor_bytes", None)
     if floor is None:  # plan for one byte: the planner then names its lowest peak
         partitioner.model_scale = 1 / budget_bytes
@@ -179,11 +187,13 @@ def _lowest_plan(
             error = error or lowest
         if floor is None:
             raise error or BudgetError(f"no plan meets the budget of {budget_bytes} bytes", budget_bytes=budget_bytes)
-    best: tuple[Callable[..., Any], PlanReport, int] | None = None
-    factors = list(LOW_PLAN_TARGETS)
-    while factors:
-        factor = factors.pop(0)
-        partitioner.model_scale = floor * factor / budget_bytes
+    candidates = [(None, floor * factor / budget_bytes) for factor in LOW_PLAN_TARGETS]
+    if partitioner.memory_model is None:
+        candidates += [("exact", scale) for scale in EXACT_MODEL_SCALES]
+    best: tuple[Callable[..., Any], PlanReport, int, str | None] | None = None
+    while candidates:
+        memory_model, scale = candidates.pop(0)
+        partitioner.memory_model, partitioner.model_scale = memory_model, scale
         try:
             compiled = compile_once()
         except BudgetError:
@@ -194,19 +204,23 @@ def _lowest_plan(
         # A budget of max(measured, modelled) plans (the model reaches it) and is met (this plan meets it).
         shown = report.planned_peak.peak_bytes if measured is None else max(measured, report.planned_peak.peak_bytes)
         if measured is None:  # nothing to compare plans by (see measure_region): the lowest modelled one
-            if factors:
-                factors = factors[-1:]
+            lowest = (None, floor / budget_bytes)
+            if (memory_model, scale) != lowest:
+                candidates = [lowest]
                 continue
+            partitioner.memory_model = None
             if error is not None:
                 raise error
             return compiled, report, shown
         if best is None or shown < best[2]:
-            best = (compiled, report, shown)
+            best = (compiled, report, shown, memory_model)
         if measured <= budget_bytes:
             return compiled, report, shown
     if best is None:
+        partitioner.memory_model = None
         raise error or BudgetError(f"no plan meets the budget of {budget_bytes} bytes", budget_bytes=budget_bytes)
-    return best
+    partitioner.memory_model = best[3]
+    return best[0], best[1], best[2]
 
 
 def _too_small(budget_bytes: int, smallest: int) -> BudgetError:

@@ -15,17 +15,24 @@ FLOOR = 1000  # the planner's lowest modelled peak
 
 
 class StandInPlanner:
-    """Plans to `budget x model_scale` (never below FLOOR); the measured peak of each plan comes from
-    `measured_at(target)`. Records the targets it was asked for."""
+    """Plans to `budget x model_scale` (never below FLOOR with its own memory model; the exact model's plans
+    are marked by a negative target); the measured peak of each plan comes from `measured_at(target)`.
+    Records the targets it was asked for."""
 
     def __init__(self, measured_at) -> None:
         self.model_scale = 1.0
+        self.memory_model = None
         self.reports: list = []
         self.targets: list[int] = []
         self.measured_at = measured_at
 
     def compile_once(self, budget: int):
         target = round(budget * self.model_scale)
+        if self.memory_model == "exact":
+            self.targets.append(-target)
+            report = SimpleNamespace(planned_peak=SimpleNamespace(peak_bytes=target), measured_peak_bytes=None)
+            self.reports.append(report)
+            return SimpleNamespace(target=-target)
         if target < FLOOR:
             error = BudgetError("too low", budget_bytes=budget)
             error.modelled_floor_bytes = FLOOR
@@ -52,10 +59,21 @@ def test_a_plan_above_the_modelled_floor_that_measures_within_the_budget_is_take
 
 
 def test_when_none_fits_the_smallest_feasible_budget_is_the_best_plan_measured(monkeypatch) -> None:
-    measured = {1150: 1400, 1100: 1120, 1050: 1180, 1000: 1300}
+    measured = {1150: 1400, 1100: 1120, 1050: 1180, 1000: 1300, -1050: 1200, -945: 1150, -840: 1130, -735: 1140}
     planner, compiled, _, smallest = _run(monkeypatch, 1050, measured.get)
-    assert planner.targets == [1150, 1100, 1050, 1000]  # every candidate tried, from the highest down
+    # every candidate tried: the planner's own model from the highest down, then the exact model
+    assert planner.targets == [1150, 1100, 1050, 1000, -1050, -945, -840, -735]
     assert compiled.target == 1100 and smallest == 1120  # not the lowest modelled plan's 1300
+    assert planner.memory_model is None  # the best plan came from the planner's own model
+
+
+def test_an_exact_model_plan_that_measures_within_the_budget_is_taken(monkeypatch) -> None:
+    # The planner's own model cannot go below FLOOR, and its plans measure above the budget; a plan held by the
+    # exact model to the budget measures within it.
+    measured = {1150: 1400, 1100: 1300, 1050: 1250, 1000: 1200, -950: 940}
+    planner, compiled, report, smallest = _run(monkeypatch, 950, measured.get)
+    assert compiled.target == -950 and report.measured_peak_bytes == 940 and smallest == 950
+    assert planner.memory_model == "exact"  # compiling again plans the same way
 
 
 def test_without_a_measurement_only_the_lowest_modelled_plan_is_tried_and_the_planner_error_stands(monkeypatch) -> None:
