@@ -38,8 +38,8 @@ from .storage import StorageKey, StorageMap
 
 # A plan that runs more than this many times the ops of the original schedule is given up (thrashing).
 _MAX_TRACE_FACTOR = 4
-# How many gone ancestors the eviction score walks to price a recompute (see _Replay._recompute_cost).
-_COST_WALK = 64
+# Values smaller than 1/_TINY of the room an op needs are not evicted to make it (see _Replay._make_room).
+_TINY = 64
 
 
 class _Infeasible(Exception):
@@ -123,26 +123,11 @@ class _Replay:
     # ---------------------------------------------------------------------------------- eviction
 
     def _victim_score(self, producer: fx.Node, nbytes: int, next_use: int) -> float:
-        return (self._recompute_cost(producer) + 1e-9) / (max(nbytes, 1) * max(next_use - self.now, 1))
-
-    def _recompute_cost(self, producer: fx.Node) -> float:
-        """What bringing `producer`'s value back would cost: its own time and that of every input that is gone
-        too, transitively (up to _COST_WALK nodes). One level is not enough: a small value computed from a
-        large one that is already freed (a BatchNorm's running-statistics update, read again by the buffer
-        copy at the end of the forward) looks cheap, and its recompute then pulls a chain of convolutions back
-        through the forward, with every link locked."""
         cost = self.cost[producer].time_s
-        seen = {producer}
-        frontier = [producer]
-        while frontier and len(seen) < _COST_WALK:
-            node = frontier.pop()
-            for arg in node.all_input_nodes:
-                if arg in seen or self.version.get(arg) is not None or not self.cost[arg].recomputable:
-                    continue
-                seen.add(arg)
+        for arg in producer.all_input_nodes:  # evicted inputs would have to be recomputed too
+            if self.version.get(arg) is None and self.cost[arg].recomputable:
                 cost += self.cost[arg].time_s
-                frontier.append(arg)
-        return cost
+        return (cost + 1e-9) / (max(nbytes, 1) * max(next_use - self.now, 1))
 
     def _make_room(self, need: int) -> None:
         if self.budget is None or self.memory + need <= self.budget:
@@ -162,7 +147,10 @@ class _Replay:
                 continue  # a multi-output op is evicted and recomputed as a whole
             nbytes = sum(self._counted(k) for k in keys)
             uses = [u for u in (self._next_use(k) for k in keys) if u is not None]
-            if not uses or nbytes == 0:
+            if not uses or nbytes == 0 or nbytes * _TINY < need:
+                # Evicting a value this much smaller than the room needed frees nothing that matters, and its
+                # recompute can cost a chain: a BatchNorm's running-statistics update (256 bytes), read again
+                # by the buffer copy at the end of the forward, pulled a chain of convolutions back, all locked.
                 continue
             scored.append((self._victim_score(producer, nbytes, min(uses)), self.position.get(producer, -1), keys))
         scored.sort(key=lambda item: (item[0], item[1]))
