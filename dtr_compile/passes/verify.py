@@ -191,12 +191,18 @@ def _lowest_plan(
     if partitioner.memory_model is None:
         candidates += [("exact", scale) for scale in EXACT_MODEL_SCALES]
     best: tuple[Callable[..., Any], PlanReport, int, str | None] | None = None
+    exact_floor_tried = False
     while candidates:
         memory_model, scale = candidates.pop(0)
         partitioner.memory_model, partitioner.model_scale = memory_model, scale
         try:
             compiled = compile_once()
-        except BudgetError:
+        except BudgetError as below:
+            exact_floor = getattr(below, "modelled_floor_bytes", None)
+            if memory_model == "exact" and exact_floor is not None and not exact_floor_tried:
+                # Below the exact model's own floor: the remaining exact targets are lower still; try that floor.
+                exact_floor_tried = True
+                candidates = [c for c in candidates if c[0] != "exact"] + [("exact", exact_floor / budget_bytes)]
             continue
         report = partitioner.reports.pop()
         measured = measure_region(compiled, example_inputs)

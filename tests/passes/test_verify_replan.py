@@ -12,6 +12,7 @@ from dtr_compile.errors import BudgetError
 from dtr_compile.passes import verify
 
 FLOOR = 1000  # the planner's lowest modelled peak
+EXACT_FLOOR = 700  # the exact memory model's
 
 
 class StandInPlanner:
@@ -29,6 +30,10 @@ class StandInPlanner:
     def compile_once(self, budget: int):
         target = round(budget * self.model_scale)
         if self.memory_model == "exact":
+            if target < EXACT_FLOOR:
+                error = BudgetError("too low for the exact model", budget_bytes=budget)
+                error.modelled_floor_bytes = EXACT_FLOOR
+                raise error
             self.targets.append(-target)
             report = SimpleNamespace(planned_peak=SimpleNamespace(peak_bytes=target), measured_peak_bytes=None)
             self.reports.append(report)
@@ -79,3 +84,11 @@ def test_an_exact_model_plan_that_measures_within_the_budget_is_taken(monkeypatc
 def test_without_a_measurement_only_the_lowest_modelled_plan_is_tried_and_the_planner_error_stands(monkeypatch) -> None:
     with pytest.raises(BudgetError, match="too low"):
         _run(monkeypatch, 900, lambda target: None)
+
+
+def test_below_the_exact_models_floor_its_floor_plan_is_measured(monkeypatch) -> None:
+    # A budget far below every floor: the exact model's targets (a fraction of the budget) are all below its
+    # floor, so the plan at that floor is tried, and it names the smallest feasible budget.
+    measured = {1150: 1400, 1100: 1300, 1050: 1250, 1000: 1200, -700: 900}
+    planner, compiled, _, smallest = _run(monkeypatch, 300, measured.get)
+    assert planner.targets[-1] == -700 and compiled.target == -700 and smallest == 900
