@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--reference",
         metavar="MD",
-        help="reference-simrd.md of the DTR authors' simulator, printed beside ours (needs manifest.json beside it)",
+        action="append",
+        help="reference-simrd.md of the DTR authors' simulator, printed beside ours (needs manifest.json beside "
+        "it); give it again for more files of the same format, e.g. benchmarks/reference-simrd-fine.md",
     )
     parser.add_argument(
         "--sampling", default="all", help="candidates scored per eviction: all (default, as the reference), sqrt, or N"

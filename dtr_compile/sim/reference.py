@@ -2,13 +2,16 @@
 
 The file holds one block per model: a title line, a header `heur 0.1 0.2 ...`, then one row per
 heuristic whose cells are an overhead, `OOM`, `thrash` or `-`. `manifest.json` beside it maps each log
-file to its model title.
+file to its model title. More files of the same format can be given (benchmarks/reference-simrd-fine.md: the
+same simulator at ratios between the published ones); their cells are merged by model, heuristic and ratio,
+and a file with no manifest beside it uses the manifests of the others.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import LogFormatError
@@ -38,17 +41,33 @@ class ReferenceTable:
         return self.cells.get(model, {}).get(reference_heuristic)
 
 
-def load_reference(path: str | os.PathLike) -> ReferenceTable:
-    """Read reference-simrd.md and the manifest.json in the same folder."""
-    path = os.fspath(path)
-    with open(path, encoding="utf-8") as f:
-        cells = parse_reference(f.read(), source=path)
-    manifest_path = os.path.join(os.path.dirname(path), "manifest.json")
+def load_reference(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> ReferenceTable:
+    """Read one or more reference files and the manifest.json beside each (see the module docstring)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    cells: dict[str, dict[str, dict[float, str]]] = {}
     logs: dict[str, str] = {}
-    if os.path.exists(manifest_path):
-        with open(manifest_path, encoding="utf-8") as f:
-            for model in json.load(f).get("models", []):
-                logs[model["log"]] = model["name"]
+    per_file: list[tuple[str, set[str]]] = []
+    for path in map(os.fspath, paths):
+        with open(path, encoding="utf-8") as f:
+            parsed = parse_reference(f.read(), source=path)
+        per_file.append((path, set(parsed)))
+        for model, rows in parsed.items():
+            for heuristic, row in rows.items():
+                cells.setdefault(model, {}).setdefault(heuristic, {}).update(row)
+        manifest_path = os.path.join(os.path.dirname(path), "manifest.json")
+        if os.path.exists(manifest_path):
+            with open(manifest_path, encoding="utf-8") as f:
+                for model in json.load(f).get("models", []):
+                    logs[model["log"]] = model["name"]
+    known = set(logs.values())
+    for path, models in per_file:
+        if models and not models & known:
+            # Its rows would never be printed: say so rather than show a table without them.
+            raise LogFormatError(
+                f"{path}: none of its models ({', '.join(sorted(models))}) is named in a manifest.json beside "
+                "any reference file given; give the shared reference-simrd.md (its folder has the manifest) too"
+            )
     return ReferenceTable(cells, logs)
 
 

@@ -69,7 +69,7 @@ def _table(
             if ours not in by_heuristic and ours not in ("dtr", "dtr_eq"):
                 continue  # only the reference rows that have a counterpart in this table, plus DTR's own two
             row = reference.row(log, ref_name)
-            if row is not None:
+            if row is not None and any(x in row for x in ratios):  # none of its cells at these ratios: no row
                 rows.append((f"reference {ref_name}", [row.get(x, "") for x in ratios]))
     peak, bound = first.baseline_peak_bytes, first.lower_bound_bytes
     title = (
