@@ -32,6 +32,7 @@ from .fuse_recompute import FusionReport, fuse_recomputes
 from .paging import page_schedule
 from .peak import PeakModel, schedule_peak
 from .planner import Plan, paused_gc, plan_schedule
+from .realize import pin_values_before_recomputes
 from .rewrite import emit_plan
 
 try:  # Inductor's interface for custom partitioners (keys its caches by our uuid)
@@ -294,7 +295,13 @@ class DTRPartitioner(_PartitionerBase):
             report.planned, num_fwd_outputs=num_fwd_outputs, budget_bytes=report.budget_bytes, codegen=codegen
         )
         self.reports.append(report)
-        return split_joint(report.fusion.graph, num_fwd_outputs=num_fwd_outputs)
+        forward, backward = split_joint(report.fusion.graph, num_fwd_outputs=num_fwd_outputs)
+        if codegen == "inductor" and self.memory_model == "exact":
+            # The exact model counts every value where the plan computes it; Inductor must compute it there.
+            # (The FX graph cache cannot confuse these graphs with unpinned ones: its key holds our __reduce__.)
+            for part in (forward, backward):
+                pin_values_before_recomputes(part)
+        return forward, backward
 
     def __deepcopy__(self, memo: dict) -> DTRPartitioner:
         # Inductor snapshots its config (which holds us) by deep copy; the reports must stay shared.
