@@ -9,7 +9,9 @@
    inlining.py).
 5. `fuse_recomputes` (fuse_recompute.py): one Triton kernel per region of recomputes (config.recompute_kernels;
    steps aside under Inductor and on CPU by default).
-6. `split_joint` (partition.py): forward and backward graphs for AOTAutograd.
+6. `split_joint` (partition.py): forward and backward graphs for AOTAutograd; for plans held by the exact
+   memory model under Inductor, `pin_values_before_recomputes` (realize.py) then makes Inductor compute each
+   value made before a recompute and read after it where the plan computes it.
 
 `DTRPartitioner` runs them all as AOTAutograd's `partition_fn`. Under Inductor, fusion_guard.py keeps
 Inductor's fusions from moving nodes away from their planned place, and verify.py measures the compiled

@@ -205,6 +205,9 @@ def _lowest_plan(
                 candidates = [c for c in candidates if c[0] != "exact"] + [("exact", exact_floor / budget_bytes)]
             continue
         report = partitioner.reports.pop()
+        # The budget this plan is checked against. (A fractional budget resolves against the no-remat peak of
+        # the memory model planning, so an exact-model plan's own report holds a slightly different one.)
+        report.budget_bytes = budget_bytes
         measured = measure_region(compiled, example_inputs)
         report.measured_peak_bytes = measured
         # A budget of max(measured, modelled) plans (the model reaches it) and is met (this plan meets it).
