@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import gzip
-import json
 import math
 import os
 import sys
+
+from dtr_compile.sim.reference import manifest_beside
 
 
 def run(path: str, budget: float, heuristic: object, remat_limit: float) -> tuple[object, str]:
@@ -67,10 +68,7 @@ def main() -> None:
             parser.error(f"simrd.heuristic has no {name}")
     titles: dict[str, str] = {}
     for log in args.logs:
-        manifest = os.path.join(os.path.dirname(log), "manifest.json")
-        if os.path.exists(manifest):
-            with open(manifest) as f:
-                titles.update({m["log"]: m["name"] for m in json.load(f)["models"]})
+        titles.update(manifest_beside(log))
 
     print("# The DTR authors' simulator at more ratios (benchmarks/simrd_reference.py)")
     print()

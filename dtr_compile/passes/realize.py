@@ -34,7 +34,7 @@ def pin_values_before_recomputes(gm: fx.GraphModule) -> int:
     recomputes = [i for i, node in enumerate(nodes) if RECOMPUTE_META_KEY in node.meta]
     marked = 0
     for node in nodes:
-        if node.op != "call_function" or RECOMPUTE_META_KEY in node.meta or not node.users:
+        if node.op != "call_function" or RECOMPUTE_META_KEY in node.meta:
             continue
         if not isinstance(node.target, torch._ops.OpOverload) or node.target.is_view:
             continue  # a view has no buffer of its own; realizing it would copy
@@ -42,7 +42,7 @@ def pin_values_before_recomputes(gm: fx.GraphModule) -> int:
             continue
         readers = [position[user] for user in node.users if user.op != "output"]
         if not readers:
-            continue  # a graph output is realized anyway
+            continue  # unread, or only a graph output (realized anyway)
         first_read = min(readers)
         next_recompute = bisect.bisect_right(recomputes, position[node])
         if next_recompute < len(recomputes) and recomputes[next_recompute] < first_read:

@@ -55,11 +55,7 @@ def load_reference(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Re
         for model, rows in parsed.items():
             for heuristic, row in rows.items():
                 cells.setdefault(model, {}).setdefault(heuristic, {}).update(row)
-        manifest_path = os.path.join(os.path.dirname(path), "manifest.json")
-        if os.path.exists(manifest_path):
-            with open(manifest_path, encoding="utf-8") as f:
-                for model in json.load(f).get("models", []):
-                    logs[model["log"]] = model["name"]
+        logs.update(manifest_beside(path))
     known = set(logs.values())
     for path, models in per_file:
         if models and not models & known:
@@ -69,6 +65,15 @@ def load_reference(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Re
                 "any reference file given; give the shared reference-simrd.md (its folder has the manifest) too"
             )
     return ReferenceTable(cells, logs)
+
+
+def manifest_beside(path: str | os.PathLike) -> dict[str, str]:
+    """Log file name -> model title, from the manifest.json in the folder of `path` ({} when there is none)."""
+    manifest_path = os.path.join(os.path.dirname(os.fspath(path)), "manifest.json")
+    if not os.path.exists(manifest_path):
+        return {}
+    with open(manifest_path, encoding="utf-8") as f:
+        return {model["log"]: model["name"] for model in json.load(f).get("models", [])}
 
 
 def parse_reference(text: str, *, source: str = "<reference>") -> dict[str, dict[str, dict[float, str]]]:
