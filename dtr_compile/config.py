@@ -30,7 +30,9 @@ Budget = int | float | None
 
 # Peak memory a training step may allocate above what was live when it began (parameters, optimizer
 # state and inputs are not counted). Bytes as an int or a string ("1.5GB", "512MiB", "800 MB"), a float
-# in (0, 1] as a fraction of the same step's peak without rematerialization, or None for no remat.
+# in (0, 1] as a fraction of the same step's peak without rematerialization, or None for no remat. A bare
+# number in a string (from argv or the environment) reads as the same number would in Python: "0.5" is the
+# fraction 0.5 (so is "1": the whole peak), and a whole number above 1 is bytes ("8e9", "123").
 memory_budget: Budget = None
 
 # Eviction heuristic of the online runtime (see dtr_compile.engine.heuristics for the formulas).
@@ -98,8 +100,28 @@ _UNITS = {**_SI, **_IEC}
 _BUDGET_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*$")
 _ACCEPTED_BUDGETS = (
     "an int number of bytes, a string like '1.5GB', '512MiB' or '800 MB' (units B, KB, MB, GB, TB, KiB, MiB, "
-    "GiB, TiB), a float fraction in (0, 1] of the no-remat peak, or None for no rematerialization"
+    "GiB, TiB), a float fraction in (0, 1] of the no-remat peak (also as a string: '0.5'), or None for no "
+    "rematerialization"
 )
+# The most bytes a budget or a byte count may name: 2**62 B (4 EiB), far above any device, and small enough
+# that sums of a few of them stay within the int64 and float arithmetic that torch, numpy and the planner use.
+MAX_BYTES = 2**62
+
+
+def _short(value: Any) -> str:
+    """repr(value), cut to a readable length (an argv string may be thousands of characters)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}...{text[-10:]} ({len(text)} characters)"
+
+
+def check_bytes(name: str, value: int) -> int:
+    """`value` if it is a byte count no machine could exceed (<= MAX_BYTES); else ConfigError naming `name`."""
+    if value > MAX_BYTES:
+        raise ConfigError(
+            f"{name}={value if value < 10**30 else f'<a {value.bit_length()}-bit number>'} bytes is larger than any device "
+            f"(the most accepted is 2**62 = {MAX_BYTES:,} B); give the budget in bytes of the device, e.g. '8GB'"
+        )
+    return value
 
 
 def parse_budget(value: Any) -> Budget:
@@ -107,66 +129,94 @@ def parse_budget(value: Any) -> Budget:
     if value is None:
         return None
     if isinstance(value, bool):
-        raise ConfigError(f"memory_budget={value!r} is a bool; expected {_ACCEPTED_BUDGETS}")
+        raise ConfigError(f"memory_budget={_short(value)} is a bool; expected {_ACCEPTED_BUDGETS}")
     if isinstance(value, int):
         if value <= 0:
             raise ConfigError(f"memory_budget={value} bytes must be positive; expected {_ACCEPTED_BUDGETS}")
-        return value
+        return check_bytes("memory_budget", value)
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value) or value <= 0:
-            raise ConfigError(f"memory_budget={value!r} must be a positive finite number; expected {_ACCEPTED_BUDGETS}")
+            raise ConfigError(
+                f"memory_budget={_short(value)} must be a positive finite number; expected {_ACCEPTED_BUDGETS}"
+            )
         if value <= 1.0:
             return value
         if value.is_integer():  # 8e9 reads naturally as bytes
-            return int(value)
+            return check_bytes("memory_budget", int(value))
         raise ConfigError(
-            f"memory_budget={value!r}: a float is a fraction in (0, 1] of the no-remat peak; for bytes pass an "
+            f"memory_budget={_short(value)}: a float is a fraction in (0, 1] of the no-remat peak; for bytes pass an "
             f"int or a string such as '{value:g}B'"
         )
     if isinstance(value, str):
         match = _BUDGET_RE.match(value)
         if not match:
-            raise ConfigError(f"memory_budget={value!r} cannot be parsed; expected {_ACCEPTED_BUDGETS}")
+            raise ConfigError(f"memory_budget={_short(value)} cannot be parsed; expected {_ACCEPTED_BUDGETS}")
+        if not match.group(3):
+            # A bare number, as read from argv or an environment variable, means what the same number means
+            # in Python: in (0, 1] a fraction ("0.5"), above 1 a whole number of bytes ("8e9", "123").
+            try:
+                number = float(match.group(1)) * (10.0 ** int(match.group(2) or 0))
+            except (OverflowError, ValueError):
+                number = math.inf
+            if math.isinf(number):
+                raise ConfigError(f"memory_budget={_short(value)} is too large to be a number of bytes") from None
+            if 0 < number <= 1.0:
+                return number
+            if number > 1 and not number.is_integer():
+                raise ConfigError(
+                    f"memory_budget={_short(value)}: a bare number in (0, 1] is a fraction of the no-remat peak and one "
+                    f"above 1 is a whole number of bytes; write a fraction in (0, 1] or bytes with a unit, e.g. "
+                    f"'{value.strip()}B' or '{value.strip()}MB'"
+                )
         unit = match.group(3).upper() or "B"
         if unit not in _UNITS:
-            raise ConfigError(f"memory_budget={value!r}: unknown unit {match.group(3)!r}; expected {_ACCEPTED_BUDGETS}")
+            raise ConfigError(
+                f"memory_budget={_short(value)}: unknown unit {match.group(3)!r}; expected {_ACCEPTED_BUDGETS}"
+            )
         try:
             n_bytes = round(float(match.group(1)) * (10.0 ** int(match.group(2) or 0)) * _UNITS[unit])
-        except OverflowError:
-            raise ConfigError(f"memory_budget={value!r} is too large to be a number of bytes") from None
+        except (OverflowError, ValueError):
+            raise ConfigError(f"memory_budget={_short(value)} is too large to be a number of bytes") from None
         if n_bytes <= 0:
-            raise ConfigError(f"memory_budget={value!r} must be positive; expected {_ACCEPTED_BUDGETS}")
-        return n_bytes
-    raise ConfigError(f"memory_budget={value!r} has type {type(value).__name__}; expected {_ACCEPTED_BUDGETS}")
+            raise ConfigError(f"memory_budget={_short(value)} must be positive; expected {_ACCEPTED_BUDGETS}")
+        return check_bytes("memory_budget", n_bytes)
+    raise ConfigError(f"memory_budget={_short(value)} has type {type(value).__name__}; expected {_ACCEPTED_BUDGETS}")
+
+
+def check_positive_bytes(name: str, value: Any) -> int:
+    """A positive int byte count (not a bool, at most MAX_BYTES); else ConfigError naming `name`."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return check_bytes(name, value)
+    raise ConfigError(f"{name}={_short(value)}; expected a positive int number of bytes")
 
 
 def _check_heuristic(value: Any) -> str:
     from .engine.heuristics import HEURISTICS  # lazy: the engine is a sibling layer with no config import
 
     if not isinstance(value, str) or value not in HEURISTICS:
-        raise ConfigError(f"heuristic={value!r} is unknown; expected one of {sorted(HEURISTICS)}")
+        raise ConfigError(f"heuristic={_short(value)} is unknown; expected one of {sorted(HEURISTICS)}")
     return value
 
 
 def _check_sampling(value: Any) -> str | int:
-    if value in ("sqrt", "all"):
+    if isinstance(value, str) and value in ("sqrt", "all"):
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
-    raise ConfigError(f"candidate_sampling={value!r}; expected 'sqrt', 'all' or a positive int")
+    raise ConfigError(f"candidate_sampling={_short(value)}; expected 'sqrt', 'all' or a positive int")
 
 
 def _check_fraction(value: Any) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value < 1.0:
         return float(value)
-    raise ConfigError(f"min_evictable_fraction={value!r}; expected a float in [0, 1)")
+    raise ConfigError(f"min_evictable_fraction={_short(value)}; expected a float in [0, 1)")
 
 
 def _check_nonneg_int(name: str):
     def check(value: Any) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value
-        raise ConfigError(f"{name}={value!r}; expected a non-negative int")
+        raise ConfigError(f"{name}={_short(value)}; expected a non-negative int")
 
     return check
 
@@ -179,30 +229,32 @@ def _check_thrash(value: Any) -> float | None:
             return float(value)
         except OverflowError:
             pass
-    raise ConfigError(f"thrash_limit={value!r}; expected a positive number (recompute / original compute) or None")
+    raise ConfigError(
+        f"thrash_limit={_short(value)}; expected a positive number (recompute / original compute) or None"
+    )
 
 
 def _check_codegen(value: Any) -> str:
-    if value in ("inductor", "fx"):
+    if isinstance(value, str) and value in ("inductor", "fx"):
         return value
-    raise ConfigError(f"codegen={value!r}; expected 'inductor' or 'fx'")
+    raise ConfigError(f"codegen={_short(value)}; expected 'inductor' or 'fx'")
 
 
 def _check_compiled_steps(value: Any) -> str:
-    if value in ("runtime", "plan_only"):
+    if isinstance(value, str) and value in ("runtime", "plan_only"):
         return value
-    raise ConfigError(f"compiled_steps={value!r}; expected 'runtime' or 'plan_only'")
+    raise ConfigError(f"compiled_steps={_short(value)}; expected 'runtime' or 'plan_only'")
 
 
 def _check_cost_mode(value: Any) -> str:
-    if value in ("estimate", "measure"):
+    if isinstance(value, str) and value in ("estimate", "measure"):
         return value
-    raise ConfigError(f"cost_mode={value!r}; expected 'estimate' or 'measure'")
+    raise ConfigError(f"cost_mode={_short(value)}; expected 'estimate' or 'measure'")
 
 
 def _check_recompute_kernels(value: Any) -> str:
-    if value not in ("auto", "triton", "off"):
-        raise ConfigError(f"recompute_kernels={value!r}; expected 'auto', 'triton' or 'off'")
+    if not isinstance(value, str) or value not in ("auto", "triton", "off"):
+        raise ConfigError(f"recompute_kernels={_short(value)}; expected 'auto', 'triton' or 'off'")
     if value == "triton" and importlib.util.find_spec("triton") is None:
         raise ConfigError(
             "recompute_kernels='triton' needs triton, which is not installed. To fix it:\n"

@@ -320,3 +320,78 @@ def test_compiled_steps_accepts_its_two_modes_only() -> None:
 def test_absurd_values_raise_config_errors(name: str, value) -> None:
     with pytest.raises(ConfigError):
         config.validate(name, value)
+
+
+# ------------------------------------------------------------------------------ numbers read from argv or env
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("0.5", 0.5), (" 0.3 ", 0.3), ("1", 1.0), ("1.0", 1.0), ("5e-1", 0.5), (".25", 0.25)],
+)
+def test_a_bare_number_string_in_the_unit_interval_is_a_fraction(text: str, expected: float) -> None:
+    """`memory_budget=os.environ["BUDGET"]` with "0.5" means what 0.5 means (issue 16, class 8)."""
+    parsed = config.parse_budget(text)
+    assert parsed == expected and type(parsed) is float
+    config.memory_budget = text
+    assert config.memory_budget == expected
+
+
+def test_a_bare_number_string_above_one_is_whole_bytes_or_refused() -> None:
+    assert config.parse_budget("2000000") == 2_000_000
+    with pytest.raises(ConfigError, match=r"'1\.5MB'"):  # the message shows how to write bytes
+        config.parse_budget("1.5")
+
+
+@pytest.mark.parametrize("value", [10**400, 2**62 + 1, 1e300, "1e30GB", "9" * 30, 10.0**19])
+def test_byte_counts_beyond_any_device_raise_at_once(value) -> None:
+    """10**400 was accepted and failed later at compile with OverflowError."""
+    with pytest.raises(ConfigError, match="larger than any device"):
+        config.memory_budget = value
+    assert config.parse_budget(2**62) == 2**62
+
+
+def test_messages_about_huge_values_stay_short() -> None:
+    with pytest.raises(ConfigError) as info:
+        config.parse_budget("x" * 10_000)
+    assert len(str(info.value)) < 600
+
+
+# ------------------------------------------------------------------------------ runtime.enable() options
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"reference_peak_bytes": True}, "reference_peak_bytes=True"),
+        ({"reference_peak_bytes": 0}, "positive int"),
+        ({"reference_peak_bytes": 1.5e6}, "positive int"),
+        ({"reference_peak_bytes": 10**400}, "larger than any device"),
+        ({"log": 123}, "log=123"),
+        ({"log": b"step.log"}, "file path"),
+        ({"heuristic": "belady"}, "heuristic='belady' is unknown"),
+        ({"memory_budget": 10**400}, "larger than any device"),
+        ({"budget": 0.5}, "unknown option(s) ['budget']"),
+    ],
+)
+def test_runtime_enable_refuses_bad_options_with_config_errors(options: dict, fragment: str) -> None:
+    from dtr_compile import runtime
+
+    with pytest.raises(ConfigError) as info:
+        runtime.enable(**options)
+    assert fragment in str(info.value)
+
+
+def test_runtime_enable_refuses_a_binary_log_stream() -> None:
+    import io
+
+    from dtr_compile import runtime
+
+    with pytest.raises(ConfigError, match="text mode"):
+        runtime.enable(log=io.BytesIO())
+
+
+def test_runtime_enable_takes_a_fraction_string() -> None:
+    from dtr_compile import runtime
+
+    assert runtime.enable(memory_budget="0.5", reference_peak_bytes=1000).budget_bytes == 500

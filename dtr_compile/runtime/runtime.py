@@ -32,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import config
-from ..config import parse_budget
+from ..config import check_positive_bytes, parse_budget
 from ..engine import Engine, Storage
 from ..errors import ConfigError, DTRError, format_bytes
 from .constants import ConstantRegistry
@@ -104,8 +104,10 @@ class Runtime:
         `log`: a path (".gz" compresses) or text stream to record every step as an operation log that
         `python -m dtr_compile.sim` replays offline under other budgets and heuristics."""
         budget = config.memory_budget if memory_budget is _FROM_CONFIG else parse_budget(memory_budget)
-        if reference_peak_bytes is not None and (not isinstance(reference_peak_bytes, int) or reference_peak_bytes <= 0):
-            raise ConfigError(f"reference_peak_bytes={reference_peak_bytes!r}; expected a positive int")
+        if reference_peak_bytes is not None:
+            reference_peak_bytes = check_positive_bytes("reference_peak_bytes", reference_peak_bytes)
+        if heuristic is not None:
+            heuristic = config.validate("heuristic", heuristic)
         self.memory_budget = budget
         self.reference_peak_bytes = reference_peak_bytes
         # Op costs for the eviction policy: the roofline estimate (reproducible) or measured time.
@@ -322,4 +324,10 @@ def enable(memory_budget: Any = _FROM_CONFIG, **options: Any) -> Runtime:
 
     `memory_budget` defaults to `dtr_compile.config.memory_budget`; see `Runtime` for the options.
     """
+    unknown = sorted(set(options) - {"heuristic", "reference_peak_bytes", "log"})
+    if unknown:
+        raise ConfigError(
+            f"dtr_compile.runtime.enable() got unknown option(s) {unknown}; the options are memory_budget, "
+            "heuristic, reference_peak_bytes and log (other flags: dtr_compile.config.patch(...))"
+        )
     return Runtime(memory_budget, **options)

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
+from typing import NoReturn
 
 from .. import config
 from ..engine.heuristics import HEURISTICS
@@ -29,8 +30,15 @@ from .schedule import build_schedule
 DEFAULT_RATIOS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the command's own error shape: one line on stderr, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see python -m dtr_compile.sim --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m dtr_compile.sim",
         description="Replay operation logs (.log or .log.gz) through the eviction engine under memory budgets.",
     )
@@ -59,8 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--min-evictable-fraction",
-        type=float,
-        default=0.0,
+        default="0",
         help="never evict storages below this fraction of the mean resident size (default 0, as the reference)",
     )
     parser.add_argument(
@@ -81,14 +88,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ratios = _ratios(args.ratios)
         heuristics = _heuristics(args.heuristic)
         sampling = args.sampling if args.sampling in ("all", "sqrt") else _positive_int(args.sampling, "--sampling")
+        min_fraction = _flag("--min-evictable-fraction", "min_evictable_fraction", _number(args.min_evictable_fraction))
+        seed = _flag("--seed", "random_seed", args.seed)
         reference = load_reference(args.reference) if args.reference else None
         jobs = [
             (
                 log,
                 ratios,
-                ReplayOptions(
-                    h, sampling, args.min_evictable_fraction, seed=args.seed, charge_views=args.views == "rerun"
-                ),
+                ReplayOptions(h, sampling, min_fraction, seed=seed, charge_views=args.views == "rerun"),
             )
             for log in args.logs
             for h in heuristics
@@ -151,6 +158,22 @@ def _heuristics(text: str) -> list[str]:
                 f"--heuristic {name!r} is unknown; expected one of {', '.join(sorted(HEURISTICS))}"
             )
     return names
+
+
+def _number(text: str) -> float | str:
+    """`text` as a float when it reads as one (the config validator then judges it), else `text` itself."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _flag(flag: str, name: str, value: object):
+    """`value` checked by the config validator of the flag `name` (one rule for the library and the command)."""
+    try:
+        return config.validate(name, value)
+    except config.ConfigError as exc:
+        raise config.ConfigError(f"{flag}: {exc}") from None
 
 
 def _positive_int(text: str, flag: str) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
@@ -27,6 +28,10 @@ from typing import IO
 from ..errors import LogFormatError
 
 START = {"INSTRUCTION": "ANNOTATE", "ANNOTATION": "START"}
+# The largest number a field may hold (MEMORY bytes, TIME ns, indices): 2**50 is a pebibyte or 13 days in ns.
+# Bounding fields, and the sum of all MEMORY fields, keeps the replay's int64 and float arithmetic exact.
+MAX_FIELD = 2**50
+MAX_TOTAL_BYTES = 2**60
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,7 @@ def parse_log(path: str | os.PathLike) -> Trace:
     try:
         with open_log(path) as stream:
             return parse_lines(stream, source=path)
-    except (EOFError, gzip.BadGzipFile, UnicodeDecodeError) as exc:
+    except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as exc:
         raise LogFormatError(
             f"{path}: cannot read the log ({exc}); the file is truncated or not a (gzipped) JSON-lines log"
         ) from exc
@@ -129,6 +134,7 @@ class _Parser:
         self.records: Iterator[tuple[int, dict]] = iter(())
         self.live: set[str] = set()
         self.defined: set[str] = set()
+        self.total_bytes = 0  # sum of the MEMORY fields read so far
 
     def run(self, lines: Iterator[str] | list[str]) -> Iterator[Instruction]:
         self.records = self._records(lines)
@@ -152,6 +158,8 @@ class _Parser:
                 record = json.loads(text)
             except json.JSONDecodeError as exc:
                 self._fail(lineno, f"expected one JSON object per line ({exc.msg} at column {exc.colno})")
+            except (ValueError, RecursionError) as exc:  # an integer of thousands of digits, nesting too deep
+                self._fail(lineno, f"expected one flat JSON object per line, got a value JSON cannot read ({exc})")
             if not isinstance(record, dict) or "INSTRUCTION" not in record:
                 self._fail(lineno, f"expected a JSON object with an INSTRUCTION field, got {_show(record)}")
             yield lineno, record
@@ -259,8 +267,15 @@ class _Parser:
                 value = int(value)
             except ValueError:
                 value = None
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            self._fail(lineno, f"{r.get('INSTRUCTION', key)} needs an integer {key} >= {minimum}, got {_show(r)}")
+        if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= MAX_FIELD:
+            self._fail(
+                lineno,
+                f"{r.get('INSTRUCTION', key)} needs an integer {key} in [{minimum}, 2**50], got {_show(r)}",
+            )
+        if key == "MEMORY":
+            self.total_bytes += value
+            if self.total_bytes > MAX_TOTAL_BYTES:
+                self._fail(lineno, "the MEMORY fields so far add up to more than 2**60 bytes: the log is corrupt")
         return value
 
     def _define(self, lineno: int, name: str) -> None:
@@ -282,5 +297,8 @@ class _Parser:
 
 
 def _show(record: object) -> str:
-    text = json.dumps(record, sort_keys=True)
+    try:
+        text = json.dumps(record, sort_keys=True)
+    except (ValueError, TypeError, RecursionError):  # keys of mixed types cannot be sorted; nesting too deep
+        text = f"a {type(record).__name__} JSON cannot show"
     return text if len(text) <= 160 else text[:157] + "..."

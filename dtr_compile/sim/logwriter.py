@@ -15,11 +15,13 @@ Numbers are written as strings of digits, like the published logs. The writer do
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 from collections.abc import Sequence
 from typing import IO, Self
 
+from ..errors import ConfigError
 from .logformat import START
 
 
@@ -28,6 +30,13 @@ class LogWriter:
 
     def __init__(self, target: str | os.PathLike | IO[str]) -> None:
         """`target`: a path (`.gz` means gzip) or an open text stream (left open by `close`)."""
+        if not isinstance(target, (str, os.PathLike)) and not callable(getattr(target, "write", None)):
+            raise ConfigError(
+                f"log={target!r:.60} ({type(target).__name__}): expected a file path (str or os.PathLike; "
+                "'.gz' compresses) or an open text stream with write()"
+            )
+        if isinstance(target, (io.RawIOBase, io.BufferedIOBase)):
+            raise ConfigError("log= is a binary stream; open the file in text mode ('w') or pass its path")
         if isinstance(target, (str, os.PathLike)):
             path = os.fspath(target)
             # The writer outlives this call (it is the context manager): it closes the file in close().

@@ -96,3 +96,37 @@ def test_truncated_gzip_file(tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(LogFormatError, match="cut.log.gz: cannot read the log"):
         parse_log(path)
+
+
+def test_corrupt_gzip_body_is_a_log_format_error(tmp_path):
+    """A gzip header over a damaged body gave a zlib traceback (issue 16, class 8)."""
+    path = tmp_path / "bad.log.gz"
+    data = gzip.compress((START + "\n" + '{"INSTRUCTION":"RELEASE","NAME":"x"}\n' * 500).encode())
+    path.write_bytes(data[:20] + b"\xff" * 30 + data[50:])
+    with pytest.raises(LogFormatError, match="bad.log.gz: cannot read the log"):
+        parse_log(path)
+
+
+@pytest.mark.parametrize("memory", [10**400, 2**50 + 1, '"' + "9" * 30 + '"'])
+def test_a_memory_field_beyond_any_device_is_refused(memory):
+    """A huge MEMORY reached the replay's int64 arrays as an OverflowError."""
+    with pytest.raises(LogFormatError, match=r"t.log, line 3: MEMORY needs an integer MEMORY in \[0, 2\*\*50\]"):
+        parse('{"INSTRUCTION":"CONSTANT","NAME":"w"}', f'{{"INSTRUCTION":"MEMORY","NAME":"w","MEMORY":{memory}}}')
+
+
+def test_memory_fields_that_add_up_beyond_any_device_are_refused():
+    lines = []
+    for i in range(1025):
+        lines += [
+            f'{{"INSTRUCTION":"CONSTANT","NAME":"w{i}"}}',
+            f'{{"INSTRUCTION":"MEMORY","NAME":"w{i}","MEMORY":{2**50}}}',
+        ]
+    with pytest.raises(LogFormatError, match="add up to more than 2"):
+        parse(*lines)
+
+
+@pytest.mark.parametrize("line", ["[" * 100_000 + "]" * 100_000, '{"INSTRUCTION":' + "1" * 5000 + "}"])
+def test_a_line_json_cannot_read_is_a_log_format_error(line):
+    """A deeply nested line raised RecursionError; a 5000-digit number raises ValueError in json."""
+    with pytest.raises(LogFormatError, match="t.log, line 2: expected one flat JSON object per line"):
+        parse(line)

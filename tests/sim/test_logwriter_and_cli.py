@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from dtr_compile.errors import ConfigError
 from dtr_compile.sim.cli import main
 from dtr_compile.sim.logformat import Call, Constant, Mutate, Release, parse_log
 from dtr_compile.sim.logwriter import LogWriter
@@ -111,3 +112,41 @@ def test_resnet_log_reproduces_the_reference_and_the_default_beats_it():
         assert result.peak_bytes <= result.budget_bytes
     ours = replay(trace, 0.2, ReplayOptions("dtr_eq_retain"), base)
     assert ours.status == "ok" and ours.overhead < 1.332
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--min-evictable-fraction", "nan"], "--min-evictable-fraction: min_evictable_fraction=nan; expected"),
+        (["--min-evictable-fraction=-3"], "--min-evictable-fraction: min_evictable_fraction=-3.0; expected"),
+        (["--min-evictable-fraction", "lots"], "expected a float in [0, 1)"),
+        (["--seed", "-1"], "--seed: random_seed=-1; expected a non-negative int"),
+        (["--seed", "x"], "invalid int value: 'x'"),
+        (["--ratios", "nan"], "every ratio must be in (0, 1]"),
+        (["--views", "all"], "invalid choice"),
+    ],
+)
+def test_cli_refuses_bad_flags_with_one_line_and_status_2(tmp_path, capsys, args, fragment):
+    """The command takes the same values config takes (one validator), and says so in one line (class 8)."""
+    path = tmp_path / "step.log"
+    record(path)
+    try:
+        status = main([str(path), "--jobs", "1", *args])
+    except SystemExit as exit:  # argparse's own checks (types, choices) exit from inside parse_args
+        status = exit.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_a_corrupt_log_is_one_line_and_status_2(tmp_path, capsys):
+    path = tmp_path / "bad.log.gz"
+    path.write_bytes(b"\x1f\x8b\x08\x00" + b"\xff" * 64)
+    assert main([str(path), "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.log.gz: cannot read the log" in err and len(err.strip().splitlines()) == 1
+
+
+def test_writer_refuses_a_target_it_cannot_write():
+    with pytest.raises(ConfigError, match="log=123"):
+        LogWriter(123)
