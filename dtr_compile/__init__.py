@@ -17,7 +17,7 @@ import importlib
 from typing import Any
 
 from . import config
-from .errors import BudgetError, ConfigError, DTRError, LogFormatError, ThrashError
+from .errors import BudgetError, ConfigError, DeviceError, DTRError, LogFormatError, ThrashError
 from .explain import explain
 
 __version__ = "0.1.0"
@@ -28,6 +28,7 @@ __all__ = [
     "BudgetError",
     "ConfigError",
     "DTRError",
+    "DeviceError",
     "LogFormatError",
     "ThrashError",
     "backend",

@@ -2,16 +2,18 @@
 
     python -m dtr_compile.demo                       # GPT-2-style model (random weights), budget 0.5
     python -m dtr_compile.demo --budget 300MB --model mlp --steps 5
+    python -m dtr_compile.demo --device cpu         # the default is CUDA when a CUDA device is present
 
 The same model, from the same initial weights, trains a few optimizer steps three ways:
   1. plain eager PyTorch (no budget): its measured peak is the reference;
   2. the eager DTR runtime, `with dtr_compile.runtime.enable(memory_budget=...)`;
   3. `torch.compile(model, backend="dtr")` under `dtr_compile.config.patch(memory_budget=..., codegen="fx")`.
 A fractional `--budget` is a fraction of plain eager's measured peak, turned into bytes once so that both
-DTR paths get the same absolute budget. Peaks are measured with `dtr_compile.measure.measure_peak` (the
-profiler's allocation events: bytes allocated above what was live when the step began), never with the
-runtime's own accounting. Each way runs one warm-up step (the compile, for torch.compile), `--steps`
-timed steps, and one last step under the profiler for the peak; the losses of all steps are compared.
+DTR paths get the same absolute budget. Peaks are measured with `dtr_compile.measure.measure_peak` (on CUDA
+the allocator's `max_memory_allocated`, on CPU the profiler's allocation events: bytes allocated above what
+was live when the step began), never with the runtime's own accounting. Each way runs one warm-up step (the
+compile, for torch.compile), `--steps` timed steps (synchronized on CUDA), and one last step under the meter
+for the peak; the losses of all steps are compared.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 
 from . import config
 from .errors import ConfigError, format_bytes
+from .measure import add_device_argument, device_from_args, device_name, synchronize
 
 MODEL_CHOICES = ("gpt2", "mlp", "resnet")
 SIZE_CHOICES = ("quick", "tiny")  # dtr_compile.bench.models sizes: "tiny" is for tests
@@ -65,12 +68,13 @@ def _train(
     forward: Callable[..., Any],
     case: Any,
     steps: int,
+    device: torch.device,
     wrap: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> None:
-    """Warm-up step, `steps` timed steps, then one profiled step for the measured peak."""
+    """Warm-up step, `steps` timed steps, then one measured step for the peak (all on `device`)."""
     from .measure import measure_peak
 
-    inputs, target = case.make_batch("cpu")
+    inputs, target = case.make_batch(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
 
     def forward_backward() -> float:
@@ -83,8 +87,10 @@ def _train(
         optimizer.zero_grad(set_to_none=True)  # gradients are part of the step's peak
         loss = forward_backward()
         optimizer.step()
+        synchronize(device)  # CUDA runs the optimizer's kernels asynchronously: the step ends when they do
         return loss
 
+    synchronize(device)
     start = time.perf_counter()
     run.losses.append(train_step())
     run.warmup_seconds = time.perf_counter() - start
@@ -94,27 +100,27 @@ def _train(
         run.step_seconds.append(time.perf_counter() - start)
     optimizer.zero_grad(set_to_none=True)
     with _quiet_native_stderr():
-        loss, measured = measure_peak(forward_backward, "cpu")
+        loss, measured = measure_peak(forward_backward, device)
     optimizer.step()
     run.losses.append(loss)
     run.peak_bytes = measured.peak_bytes
 
 
-def run_eager(case: Any, initial: torch.nn.Module, steps: int) -> Run:
+def run_eager(case: Any, initial: torch.nn.Module, steps: int, device: torch.device) -> Run:
     run = Run("plain eager (no budget)")
     model = copy.deepcopy(initial)
-    _train(run, model, model, case, steps)
+    _train(run, model, model, case, steps, device)
     return run
 
 
-def run_runtime(case: Any, initial: torch.nn.Module, steps: int, budget_bytes: int) -> Run:
+def run_runtime(case: Any, initial: torch.nn.Module, steps: int, budget_bytes: int, device: torch.device) -> Run:
     run = Run("eager DTR runtime")
     try:
         from . import runtime
 
         model = copy.deepcopy(initial)
         rt = runtime.enable(memory_budget=budget_bytes)  # one Runtime for every step, as intended
-        _train(run, model, model, case, steps, wrap=lambda: rt)
+        _train(run, model, model, case, steps, device, wrap=lambda: rt)
         stats = rt.stats()
         run.evictions, run.remats = stats.evictions, stats.rematerializations
     except Exception as exc:  # noqa: BLE001 - the demo reports any failure in its table
@@ -122,7 +128,7 @@ def run_runtime(case: Any, initial: torch.nn.Module, steps: int, budget_bytes: i
     return run
 
 
-def run_compiled(case: Any, initial: torch.nn.Module, steps: int, budget_bytes: int) -> Run:
+def run_compiled(case: Any, initial: torch.nn.Module, steps: int, budget_bytes: int, device: torch.device) -> Run:
     run = Run('torch.compile(backend="dtr"), fx')
     try:
         from .backend import dtr_backend
@@ -137,7 +143,7 @@ def run_compiled(case: Any, initial: torch.nn.Module, steps: int, budget_bytes: 
         # The flags must be set while the model compiles (on the first call) and runs.
         with config.patch(memory_budget=budget_bytes, codegen="fx"):
             compiled = torch.compile(model, backend=_backend_name_or(dtr_backend))
-            _train(run, model, compiled, case, steps)
+            _train(run, model, compiled, case, steps, device)
     except Exception as exc:  # noqa: BLE001
         run.error = _describe(exc)
     return run
@@ -293,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch threads (default 1, as python -m dtr_compile.bench: small models gain little from more, and "
         "one thread keeps the timings steady when other processes share the machine)",
     )
+    add_device_argument(parser)
     parser.add_argument("--no-compile", action="store_true", help='skip the torch.compile(backend="dtr") run')
     return parser
 
@@ -312,31 +319,39 @@ def _choose_model(requested: str | None, parser: argparse.ArgumentParser) -> str
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    device = device_from_args(parser, args.device)
     name = _choose_model(args.model, parser)
     torch.set_num_threads(args.threads)
+    if device.type == "cuda":
+        # TF32 matmuls would make every way's losses differ from each other's in the 3rd digit.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     from .bench.models import build_model
 
     case = build_model(name, args.size)
-    initial = copy.deepcopy(case.model)  # every way starts from these weights
+    initial = copy.deepcopy(case.model).to(device)  # every way starts from these weights
+    threads = f"{args.threads} thread{'s' if args.threads > 1 else ''}"
+    where = device_name(device) if device.type == "cuda" else threads
     print(
-        f"dtr_compile demo: {name} ({case.description}), torch {torch.__version__}, "
-        f"{args.threads} thread{'s' if args.threads > 1 else ''}, {args.steps} timed steps per way"
+        f"dtr_compile demo: {name} ({case.description}), torch {torch.__version__}, {device} ({where}), "
+        f"{args.steps} timed steps per way"
     )
 
-    eager = run_eager(case, initial, args.steps)
+    eager = run_eager(case, initial, args.steps, device)
     budget = args.budget
     budget_bytes = max(1, int(budget * eager.peak_bytes)) if isinstance(budget, float) else budget
     how = f"{budget} x plain eager's measured peak" if isinstance(budget, float) else "as given"
     print(f"budget: {format_bytes(budget_bytes)} ({budget_bytes} bytes, {how}); measuring...")
 
-    runs = [eager, run_runtime(case, initial, args.steps, budget_bytes)]
+    runs = [eager, run_runtime(case, initial, args.steps, budget_bytes, device)]
     if not args.no_compile:
-        runs.append(run_compiled(case, initial, args.steps, budget_bytes))
+        runs.append(run_compiled(case, initial, args.steps, budget_bytes, device))
     print()
     print(format_table(runs, budget_bytes))
     print()
+    meter = "the allocator's max_memory_allocated" if device.type == "cuda" else "the profiler's allocation events"
     print(
-        "peak: measured by the profiler's allocation events above what was live when the step began "
+        f"peak: measured by {meter} above what was live when the step began "
         "(dtr_compile.measure); median step: forward + backward + SGD update."
     )
     for run in runs:

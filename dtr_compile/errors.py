@@ -14,6 +14,10 @@ class ConfigError(DTRError, ValueError):
     """A configuration value (budget, heuristic, flag name) is invalid."""
 
 
+class DeviceError(ConfigError):
+    """A device was asked for that this machine does not have (e.g. `--device cuda` without CUDA)."""
+
+
 class BudgetError(DTRError):
     """The memory budget cannot be met.
 

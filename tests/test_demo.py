@@ -6,8 +6,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from dtr_compile import demo
+from dtr_compile.measure import default_device
 
 
 def test_demo_runs_and_prints_the_table():
@@ -22,6 +24,7 @@ def test_demo_runs_and_prints_the_table():
     runtime_row = rows.get("eager DTR runtime", "")
     assert runtime_row and "not run" not in runtime_row, out
     assert " ok " in runtime_row and "equal" in runtime_row, out  # measured peak within budget, same losses
+    assert f"torch {torch.__version__}, {default_device()}" in out, out  # the default device, named
 
 
 @pytest.mark.parametrize(
@@ -35,6 +38,7 @@ def test_demo_runs_and_prints_the_table():
         (["--steps", "two"], "positive integer"),
         (["--model", "vgg"], "invalid choice"),
         (["--threads", "0"], "positive integer"),
+        (["--device", "tpu"], "expected cpu, cuda or cuda:N"),
     ],
 )
 def test_bad_arguments_fail_with_a_clear_message(argv, message, capsys):
@@ -42,6 +46,15 @@ def test_bad_arguments_fail_with_a_clear_message(argv, message, capsys):
         demo.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_device_cuda_without_cuda_fails_before_any_work(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(demo, "run_eager", lambda *a: pytest.fail("the demo trained before checking --device"))
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["--device", "cuda", "--model", "mlp"])
+    assert exit_info.value.code == 2
+    assert "no CUDA device" in capsys.readouterr().err
 
 
 def test_budget_argument_reads_fractions_and_bytes():

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 
 from ..errors import BudgetError, ThrashError
-from ..measure import measure_peak
+from ..measure import device_name, measure_peak, synchronize
 from .methods import Budget, NotBuilt, get_method
 from .models import build_model
 from .spec import RESULT_KEY, RunSpec
@@ -62,15 +61,14 @@ def _measure(spec: RunSpec) -> dict[str, Any]:
     model = case.model.to(spec.device)
     batch = case.make_batch(spec.device)
     step = get_method(spec.method).prepare(case, Budget(spec.budget, spec.budget_bytes), batch)
-    sync = torch.cuda.synchronize if spec.device.startswith("cuda") else (lambda: None)
 
     def timed_step() -> tuple[float, float]:
         """(wall seconds, CPU seconds of this process) of one step."""
         model.zero_grad(set_to_none=True)
-        sync()
+        synchronize(spec.device)  # CUDA kernels run asynchronously: time from and to an idle device
         wall, cpu = time.perf_counter(), time.process_time()
         step()
-        sync()
+        synchronize(spec.device)
         return time.perf_counter() - wall, time.process_time() - cpu
 
     warmup_times = [timed_step()[0] for _ in range(spec.warmup)]
@@ -180,22 +178,6 @@ def _jsonable(value: Any) -> Any:
         return json.loads(json.dumps(value, default=str))
     except (TypeError, ValueError):
         return str(value)
-
-
-def device_name(device: str) -> str:
-    """The processor or GPU a figure was taken on, in words."""
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{name} ({os.cpu_count()} cores)"
 
 
 def main(argv: list[str] | None = None) -> int:

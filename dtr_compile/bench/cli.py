@@ -2,7 +2,7 @@
 
     python -m dtr_compile.bench --quick                      # a few minutes on 2 CPU cores
     python -m dtr_compile.bench --models gpt2 bert --budgets 0.7 0.5 --methods eager dtr_eager dtr_inductor
-    python -m dtr_compile.bench --device cuda --out bench-cuda
+    python -m dtr_compile.bench --device cuda --out bench-cuda   # CUDA is the default where one is present
 
 Each (model, method, budget) runs in a fresh process with a fixed thread count. Writes results.csv,
 results.md, pareto.png, section.md (a BENCHMARKS.md section) and, if a run failed, errors.txt into --out.
@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..measure import add_device_argument, device_from_args
 from .grid import Grid
 from .methods import METHODS
 from .models import MODELS, SIZES
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fractions in (0, 1] of plain eager's measured peak "
                    f"(default: {' '.join(map(str, DEFAULT_BUDGETS))})")  # fmt: skip
     p.add_argument("--size", choices=SIZES, help="model sizes (default: full; quick with --quick)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    add_device_argument(p)
     p.add_argument("--threads", type=int, default=1, help="torch threads in every run (default: 1)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up steps before timing, >= 1 (default: 2)")
     p.add_argument("--steps", type=int, default=5, help="timed steps, >= 5; the median is reported (default: 5)")
@@ -93,13 +94,7 @@ def parse_grid(argv: Sequence[str] | None = None) -> tuple[Grid, argparse.Namesp
     models = _names(parser, "--models", args.models, MODELS, QUICK_MODELS if args.quick else MODELS)
     methods = _names(parser, "--methods", args.methods, tuple(METHODS), tuple(METHODS))
     budgets = _budgets(parser, args.budgets, QUICK_BUDGETS if args.quick else DEFAULT_BUDGETS)
-    if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
-        parser.error(f"--device {args.device!r}: expected cpu or cuda")
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            parser.error("--device cuda: no CUDA device is available here; use --device cpu")
+    args.device = str(device_from_args(parser, args.device))  # children get "cpu", "cuda" or "cuda:N"
     if args.threads < 1:
         parser.error(f"--threads {args.threads}: expected a positive number of threads")
     jobs = args.jobs if args.jobs is not None else (QUICK_JOBS if args.quick else 1)

@@ -10,6 +10,7 @@ import pytest
 from dtr_compile.bench.methods import METHODS
 from dtr_compile.bench.report import COLUMNS, read_csv
 from dtr_compile.bench.spec import STATUSES
+from dtr_compile.measure import default_device
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_runs_are_ok_and_correct(tiny_run):
         assert row["status"] == "ok", row
         assert row["correct"] is True, row
         assert row["peak_bytes"] > 0 and row["step_s"] > 0
-        assert row["device"] == "cpu" and row["threads"] == 1 and row["steps"] == 5
+        assert row["device"] == default_device() and row["threads"] == 1 and row["steps"] == 5
 
 
 def test_baseline_ratios_are_one(tiny_run):

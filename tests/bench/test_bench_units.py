@@ -99,13 +99,27 @@ def test_quick_grid_covers_three_models_three_budgets_every_method():
         (["--budgets", "0"], "fraction in"),
         (["--budgets", "abc"], "fraction in"),
         (["--steps", "2"], ">= 5"),
-        (["--device", "tpu"], "cpu or cuda"),
+        (["--device", "tpu"], "expected cpu, cuda or cuda:N"),
     ],
 )
 def test_bad_command_lines_fail_with_what_is_accepted(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse_grid(argv)
     assert message in capsys.readouterr().err
+
+
+def test_device_defaults_to_cuda_when_present_and_cuda_without_it_is_refused(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    grid, _ = parse_grid(["--quick"])
+    assert grid.device == "cuda" and grid.clock == "wall"  # CPU time would miss the GPU's work
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    grid, _ = parse_grid(["--quick"])
+    assert grid.device == "cpu" and grid.clock == "cpu"
+    with pytest.raises(SystemExit):
+        parse_grid(["--device", "cuda"])
+    err = capsys.readouterr().err
+    assert "no CUDA device" in err and "use --device cpu" in err
 
 
 def _spec(tmp_path, method: str, budget_bytes: int | None = None) -> RunSpec:
