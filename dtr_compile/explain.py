@@ -6,6 +6,8 @@
 
 It compiles the model with the FX code generator and runs one forward pass (the plan is made when the
 forward compiles); parameters, buffers and gradients are restored afterwards, so it has no side effects.
+The plan is made for the device the model and inputs are on (CPU or CUDA: the examples pass `--device`);
+parameters and inputs on different devices are refused with a `DeviceError` before anything compiles.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import config
-from .errors import format_bytes
+from .errors import DeviceError, format_bytes
 
 if TYPE_CHECKING:  # torch is imported on first use, so that `import dtr_compile` stays light
     import torch
@@ -139,6 +141,7 @@ def explain(
     from .backend import make_backend
 
     budget = config.memory_budget if memory_budget == "config" else memory_budget
+    _check_one_device(model, inputs)
     backend = make_backend(budget, codegen="fx", cost_mode=cost_mode)  # type: ignore[arg-type]
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     grads = {n: (p.grad.clone() if p.grad is not None else None) for n, p in model.named_parameters()}
@@ -157,3 +160,20 @@ def explain(
             "(are any parameters or inputs requiring grad?)"
         )
     return Explanation(list(backend.reports))
+
+
+def _check_one_device(model: torch.nn.Module, inputs: tuple[Any, ...]) -> None:
+    import torch
+
+    where: dict[str, str] = {}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        where.setdefault(str(tensor.device), f"parameter or buffer {name!r}")
+    for i, value in enumerate(inputs):
+        if isinstance(value, torch.Tensor):
+            where.setdefault(str(value.device), f"input {i}")
+    if len(where) > 1:
+        found = ", ".join(f"{what} on {device}" for device, what in where.items())
+        raise DeviceError(
+            f"explain plans one device, but the model and inputs span {len(where)}: {found}. Move both to one "
+            "device first, e.g. model.to(device) and x.to(device)"
+        )

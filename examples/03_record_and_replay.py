@@ -1,6 +1,6 @@
 """Record one training step as an operation log, then replay it offline under many budgets and heuristics.
 
-    python examples/03_record_and_replay.py
+    python examples/03_record_and_replay.py [--device cuda|cpu]   # default: cuda when a CUDA device is present
 
 Step 1 runs a small residual MLP once under `dtr_compile.runtime.enable(memory_budget=None, log=...)`: no
 rematerialization happens, but every aten call, its measured time and its output sizes are written in the
@@ -12,6 +12,7 @@ Runs on CPU in seconds.
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dtr_compile
+from dtr_compile.measure import add_device_argument, device_from_args
 
 RATIOS = "0.3,0.4,0.5,0.7,1.0"
 HEURISTICS = "dtr_eq,dtr_local,lru,size"
@@ -38,10 +40,10 @@ class Block(nn.Module):
         return x + self.down(F.gelu(self.up(self.norm(x))))
 
 
-def record(path: Path) -> None:
+def record(path: Path, device: torch.device) -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), *[Block(256) for _ in range(6)], nn.Linear(256, 10))
-    x, y = torch.randn(512, 64), torch.randint(0, 10, (512,))
+    model = nn.Sequential(nn.Linear(64, 256), *[Block(256) for _ in range(6)], nn.Linear(256, 10)).to(device)
+    x, y = torch.randn(512, 64).to(device), torch.randint(0, 10, (512,)).to(device)
     rt = dtr_compile.runtime.enable(memory_budget=None, log=str(path))
     with rt:
         loss = F.cross_entropy(model(x), y)
@@ -50,7 +52,7 @@ def record(path: Path) -> None:
     # Runtime handles that outlive the step would log their release later; drop them before closing the log.
     del loss
     rt.close()  # finish (and flush) the compressed log
-    print(f"recorded one step (loss {loss_value:.4f}) to {path} ({path.stat().st_size / 1024:.1f} KiB)")
+    print(f"recorded one step on {device} (loss {loss_value:.4f}) to {path} ({path.stat().st_size / 1024:.1f} KiB)")
     print(rt.stats())
 
 
@@ -62,9 +64,12 @@ def replay(path: Path) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_device_argument(parser)
+    device = device_from_args(parser, parser.parse_args().device)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "mlp-step.log.gz"
-        record(path)
+        record(path, device)
         replay(path)
     print("\nEach cell is the replay's overhead, (compute + recompute) / compute, at that fraction of the peak;")
     print("'oom' means nothing was left to evict, 'thrash' that recompute exceeded the original compute.")
