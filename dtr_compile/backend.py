@@ -81,11 +81,18 @@ def compile_region(
         from .runtime.runtime import current_step
 
         guarded = guarded_inner_compile(compile_fx_inner)
+        reorder = torch._inductor.config.reorder_for_peak_memory  # Inductor's own setting
 
         def inner_compile(part: fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
             phase = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
             finish = wrap(part, phase) if wrap is not None else None
-            with _disable_current_modes():  # a backward compiled lazily runs inside a step's backward pass
+            # A region that runs torch.compile's own partition (no recompute planned), and an inference part,
+            # get Inductor's own scheduling too: the step is torch.compile's.
+            unplanned = phase == "inference" or partitioner.reports[-1].partition == "min_cut"
+            with (
+                _disable_current_modes(),  # a backward compiled lazily runs inside a step's backward pass
+                torch._inductor.config.patch(reorder_for_peak_memory=reorder if unplanned else False),
+            ):
                 compiled = guarded(part, inputs, **kwargs)
             return finish(compiled) if finish is not None else compiled
 
@@ -130,7 +137,7 @@ def boxed_fx(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModul
 
 
 def make_backend(
-    budget: Any = None, *, codegen: str = "fx", cost_mode: CostMode = "estimate", start_from_min_cut: bool = False
+    budget: Any = None, *, codegen: str = "fx", cost_mode: CostMode = "estimate", start_from_min_cut: bool = True
 ) -> Callable[..., Any]:
     """A backend bound to explicit settings (used by `explain` and tests); its `.reports` lists the plans."""
     partitioner = DTRPartitioner(
