@@ -16,6 +16,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
+from .compat import size_hint
+
 # Measured on one core of the development machine (thread CPU time): a 50 MFLOP addmm takes 0.47 ms
 # (~1e11 FLOP/s), a 1 MB pointwise op (2 MB moved) 20-60 us. A GPU shifts both sides by a similar factor.
 PEAK_FLOPS_PER_S = 1e11
@@ -36,12 +38,10 @@ def tensor_bytes(value: Any) -> int:
     if not isinstance(value, torch.Tensor):
         return 0
     if has_symbolic_sizes(value):
-        from torch.fx.experimental.symbolic_shapes import optimization_hint
-
         numel = 1
         for size in value.shape:
-            numel *= optimization_hint(size, fallback=4096)
-        return int(numel) * value.element_size()
+            numel *= size_hint(size)
+        return numel * value.element_size()
     return value.numel() * value.element_size()
 
 
@@ -49,12 +49,7 @@ def at_hints(value: Any) -> Any:
     """A meta tensor with `value`'s sizes at their hints (a formula can compute on it without guards)."""
     if not has_symbolic_sizes(value):
         return value
-    from torch.fx.experimental.symbolic_shapes import optimization_hint
-
-    def hint(size: Any) -> int:
-        return int(optimization_hint(size, fallback=4096))
-
-    return torch.empty_strided([hint(s) for s in value.shape], [hint(s) for s in value.stride()],
+    return torch.empty_strided([size_hint(s) for s in value.shape], [size_hint(s) for s in value.stride()],
                                dtype=value.dtype, device="meta")
 
 

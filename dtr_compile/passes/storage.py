@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..compat import size_hint
+
 StorageKey = tuple[fx.Node, object]  # (producing node, index of the output: an int, or a tuple when nested)
 
 # Index of the extra storage a random op's forward allocates when the plan recomputes it: the generator
@@ -33,12 +35,10 @@ def tensor_nbytes(val: object) -> int:
     """Bytes of a (fake) tensor's data; 0 for non-tensors. Symbolic sizes use their hints."""
     if not isinstance(val, torch.Tensor):
         return 0
-    from torch.fx.experimental.symbolic_shapes import optimization_hint
-
     numel = 1
     for size in val.shape:
-        numel *= optimization_hint(size, fallback=4096)
-    return int(numel) * val.element_size()
+        numel *= size_hint(size)
+    return numel * val.element_size()
 
 
 def rng_state_nbytes(node: fx.Node) -> int:

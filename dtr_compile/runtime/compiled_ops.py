@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ..compat import uses_storage_swap
 from ..engine import Storage
 from ..errors import BudgetError
 from .operations import Inputs, record_outputs
@@ -334,9 +335,11 @@ def record_by_slices(
                 continue
             storages = list(dict.fromkeys(leaf.storage for leaf in leaves if isinstance(leaf, TensorValue)))
             engine.reserve(storages, 0, part.name)  # all resident: locks them for the record
-            op = engine.record(f"{part.name}[{k}]", storages, [results[k].untyped_storage().nbytes()],
+            nbytes = results[k].untyped_storage().nbytes()
+            # Without the storage swap (compat.py) a refill copies the slice's result in: room for one more.
+            op = engine.record(f"{part.name}[{k}]", storages, [nbytes],
                                output_slice.estimated_s, payload=SliceRecipe(output_slice, leaves, results[k]),
-                               workspace=output_slice.workspace_bytes)
+                               workspace=max(output_slice.workspace_bytes, 0 if uses_storage_swap() else nbytes))
             adopt(op.outputs[0], k, key)
         if len(waiting) == len(pending):
             raise AssertionError(f"dtr_compile internal error: cyclic output slices in {part.name}")

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..compat import uses_storage_swap
 from ..engine import Storage
 from .recipe import OutputSource
-from .values import Buffer, TensorValue, buffer, storage_key
+from .refill import copy_refill_bytes
+from .values import Buffer, Layout, TensorValue, buffer, storage_key
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -108,10 +110,13 @@ def record_outputs(
             continue
         fresh_keys.add(key)
         fresh.append((key, r))
-        sources.append(OutputSource("fresh", k))
+        sources.append(OutputSource("fresh", k, None if uses_storage_swap() else Layout(r)))
         out_sizes.append(untyped.nbytes())
 
-    op = engine.record(name, storages, out_sizes, cost, payload=make_recipe(sources),
+    recipe = make_recipe(sources)
+    if fresh and not uses_storage_swap():  # a refill that copies needs room for the copy (runtime/refill.py)
+        workspace = max(workspace, copy_refill_bytes(recipe, out_sizes, fresh[0][1].device))
+    op = engine.record(name, storages, out_sizes, cost, payload=recipe,
                        consumes=[*(s for s, _ in versioned.values()), *consumed], workspace=workspace)
     for storage in storages:
         if storage.producer is None:

@@ -15,9 +15,11 @@ from typing import Any
 
 import torch
 
+from .. import compat
 from ..engine import Operation, Storage
 from .calls import flatten_result, unflatten_call
-from .values import Buffer, TensorValue, buffer, view_of
+from .refill import invoke_into, results_in_place
+from .values import Buffer, Layout, TensorValue, buffer, view_of
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class OutputSource:
 
     kind: str
     index: int
+    layout: Layout | None = None  # of a fresh result, where refills write in place (no storage swap: refill.py)
 
 
 class Recipe:
@@ -90,20 +93,37 @@ class Recipe:
         return flatten_result(self.func(*args, **kwargs))[0]
 
     def rerun(self, op: Operation) -> None:
+        # Without the storage swap, the evicted storages the program views are reopened (resized back) and the
+        # rerun writes into them: a mutated argument's copy is made there, fresh results through `out=`.
+        reopened: dict[tuple[str, int], torch.UntypedStorage] = {}
+        if not compat.uses_storage_swap():
+            for ref, source in zip(op.output_refs, self.sources):
+                storage = ref()
+                if storage is None or storage.resident:
+                    continue
+                payload = buffer(storage)
+                if source.kind == "fresh" and not results_in_place(self, payload.device):
+                    continue  # made elsewhere and copied in by `fill`
+                target = payload.reopen(storage.nbytes)
+                if target is not None:
+                    reopened[source.kind, source.index] = target
         flat: list[Any] = []
         copies: dict[int, torch.UntypedStorage] = {}  # leaf index -> copy of a mutated argument's storage
         for i, leaf in enumerate(self.leaves):
             if not isinstance(leaf, TensorValue):
                 flat.append(leaf)
             elif i in self.mutated:
-                copy = buffer(leaf.storage).untyped.clone()  # type: ignore[union-attr]
+                old = buffer(leaf.storage).untyped
+                copy = reopened.get(("mutated", i))
+                copy = copy.copy_(old) if copy is not None else old.clone()  # type: ignore[union-attr]
                 copies[i] = copy
                 flat.append(view_of(copy, leaf))
             else:
                 flat.append(leaf.get())
+        targets = {index: target for (kind, index), target in reopened.items() if kind == "fresh"}
         previous = self.rng.replay() if self.rng is not None else None
         try:
-            results = self.invoke(flat)
+            results = (targets and invoke_into(self, flat, targets)) or self.invoke(flat)
         finally:
             if previous is not None:
                 previous.replay()
@@ -111,7 +131,11 @@ class Recipe:
             storage = ref()
             if storage is None or storage.resident:
                 continue  # still holds its value; the rerun's copy is dropped
-            fresh = results[source.index].untyped_storage() if source.kind == "fresh" else copies[source.index]
+            if source.kind == "fresh":
+                fresh = results[source.index].untyped_storage()
+                results[source.index] = None  # a copied refill frees each result before copying the next one
+            else:
+                fresh = copies[source.index]
             buffer(storage).fill(fresh)
 
 

@@ -8,6 +8,11 @@ tensor and all its views): its bytes from one write to the next.
   every tensor and view on it keeps its metadata (and, for TorchDynamo, its identity and guards).
 - Rematerializing it recomputes the bytes into a fresh storage and swaps the fresh data pointer into the
   evicted storage (`UntypedStorage._swap_data_ptr_`, no copy): every tensor on it is valid again, unchanged.
+  Where torch has no such swap (2.11; compat.py), the evicted storage itself is resized back to its bytes
+  before the recompute (`Buffer.reopen`), and the recompute writes into it: through the op's `out=` overload,
+  or as the argument an in-place op mutates, with no copy and no more memory than the value; what can only
+  produce its result elsewhere (compiled code, ops without an `out=` kernel) is copied in (`Buffer.fill`),
+  one output at a time, and the operation's workspace reserves that one extra copy (recipe.py).
 - A version no user tensor views any more (the value before an in-place write, an intermediate a recompute
   chain brought back, a storage whose last handle died) lives in an engine-owned storage instead.
 
@@ -22,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .. import compat
 from ..engine import Storage
 
 
@@ -105,15 +111,44 @@ class Buffer:
             return False
         return True
 
+    def reopen(self, nbytes: int) -> torch.UntypedStorage | None:
+        """Where refills cannot swap data pointers: resize the evicted shared storage back to `nbytes` and
+        return it, for the recompute to write the value into (the engine made room for it). None where the
+        refill swaps, or there is no evicted shared storage (the recompute then makes its own)."""
+        target = self.untyped
+        if not self.shared or target is None or target.nbytes() != 0 or nbytes == 0 or compat.uses_storage_swap():
+            return None
+        target.resize_(nbytes)
+        return target
+
     def fill(self, fresh: torch.UntypedStorage) -> None:
         """Make `fresh`'s bytes this version's (after a recompute)."""
         target = self.untyped
         if self.shared and target is not None:
-            if target.nbytes() == 0 and fresh.nbytes() > 0:
-                target._swap_data_ptr_(fresh)  # the user's tensors now see the recomputed bytes; `fresh` is empty
+            if fresh._cdata == target._cdata or fresh.nbytes() == 0:
+                return  # the recompute wrote into the reopened storage itself
+            if not compat.uses_storage_swap():  # one copy (the operation's workspace reserved it: refill.py)
+                if target.nbytes() != fresh.nbytes():
+                    target.resize_(fresh.nbytes())
+                target.copy_(fresh)
+            elif target.nbytes() == 0:
+                compat.swap_storage_data(target, fresh)  # the user's tensors see the recomputed bytes; `fresh` is empty
             return
         self.untyped = fresh
         self.shared = False
+
+
+class Layout:
+    """Dtype, size, stride and offset of a result: what a refill's `out=` tensor must have so that the tensors
+    the program holds read the recomputed bytes as they read the first ones (a `view_of` template)."""
+
+    __slots__ = ("dtype", "offset", "size", "stride")
+
+    def __init__(self, like: torch.Tensor) -> None:
+        self.dtype = like.dtype
+        self.size = tuple(like.shape)
+        self.stride = like.stride()
+        self.offset = like.storage_offset()
 
 
 class TensorValue:

@@ -1,0 +1,73 @@
+"""The private torch APIs whose presence or signature varies across the supported releases (2.11 to 2.15).
+
+Everything else in the package imports torch's public names, or private names that every supported release
+has in the same form; what differs is chosen here, by FEATURE (does the attribute exist, does the call take
+the argument), never by comparing version strings, so that a patch release or a backport is handled by what
+it actually offers.
+
+What we depend on, and why:
+
+- `torch.UntypedStorage._swap_data_ptr_` (2.13+, missing in 2.11): the eager runtime refills an evicted
+  storage behind the same tensor objects. Evicting resizes the torch storage that the program's tensors view
+  to 0 bytes; a recompute makes the bytes in a fresh storage and swaps its data pointer in, without a copy.
+  Without it, `refill_in_place` says so and the runtime resizes the evicted storage back and has the
+  recompute write into it (runtime/values.py, runtime/recipe.py): no copy for ops with an `out=` overload,
+  one copy for the rest. `storage_swap(False)` forces that path on releases that have the swap, so CI tests
+  both paths on every release.
+- `torch.fx.experimental.symbolic_shapes.optimization_hint(expr, fallback=)` (2.13+; 2.11 names it
+  `size_hint(expr, fallback=)`): the number a symbolic size stands for, without a guard, when the passes and
+  the roofline model count bytes of tensors with dynamic shapes (`size_hint` below).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.fx.experimental.symbolic_shapes as _symbolic_shapes
+
+from .errors import ConfigError
+
+__all__ = ["HAS_STORAGE_SWAP", "size_hint", "storage_swap", "swap_storage_data", "uses_storage_swap"]
+
+HAS_STORAGE_SWAP: bool = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+_use_swap = HAS_STORAGE_SWAP
+
+
+def uses_storage_swap() -> bool:
+    """Whether refills swap data pointers (True) or write into the evicted storage resized back (False)."""
+    return _use_swap
+
+
+@contextlib.contextmanager
+def storage_swap(enabled: bool) -> Iterator[None]:
+    """Within the block, refill evicted storages by swapping data pointers (`enabled`, where torch has the
+    swap) or by the in-place path every release supports (`False`): tests use it to run the fallback on
+    releases that have the swap."""
+    global _use_swap
+    if enabled and not HAS_STORAGE_SWAP:
+        raise ConfigError(
+            f"torch {torch.__version__} has no UntypedStorage._swap_data_ptr_: refills here can only write in "
+            "place; use compat.storage_swap(False), or torch 2.13 or later for the swap"
+        )
+    previous, _use_swap = _use_swap, enabled
+    try:
+        yield
+    finally:
+        _use_swap = previous
+
+
+def swap_storage_data(target: torch.UntypedStorage, fresh: torch.UntypedStorage) -> None:
+    """Give `target` the bytes of `fresh` (which is left empty) without a copy. Only where `uses_storage_swap()`."""
+    target._swap_data_ptr_(fresh)
+
+
+_optimization_hint = getattr(_symbolic_shapes, "optimization_hint", None) or _symbolic_shapes.size_hint
+
+
+def size_hint(size: Any, fallback: int = 4096) -> int:
+    """The concrete value a (possibly symbolic) size stands for, without adding a guard; `fallback` when it
+    has no hint (an unbacked size)."""
+    return int(_optimization_hint(size, fallback=fallback))
