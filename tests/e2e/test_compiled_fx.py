@@ -23,6 +23,7 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gradients_and_peak_under_budgets(name: str) -> None:
     model, inputs = getattr(models, name)()
@@ -51,6 +52,7 @@ def test_peak_never_rises_as_budget_tightens() -> None:
     assert peaks == sorted(peaks, reverse=True)
 
 
+@pytest.mark.compat
 def test_dropout_is_replayed_not_redrawn() -> None:
     model, inputs = models.transformer(dropout=0.5)
     reference, _, _ = models.run_step(model, inputs, None)
@@ -61,6 +63,7 @@ def test_dropout_is_replayed_not_redrawn() -> None:
     assert _max_diff(grads, reference) < 1e-5
 
 
+@pytest.mark.compat
 def test_infeasible_budget_names_smallest_feasible() -> None:
     model, inputs = models.mlp()
     with pytest.raises(Exception) as info:

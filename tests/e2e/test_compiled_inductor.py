@@ -13,6 +13,7 @@ import torch
 from dtr_compile.backend import make_backend
 
 
+@pytest.mark.compat
 def test_backend_found_through_entry_point_in_fresh_process() -> None:
     code = textwrap.dedent(
         """
@@ -34,6 +35,7 @@ def test_backend_found_through_entry_point_in_fresh_process() -> None:
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
+@pytest.mark.compat
 def test_inductor_gradients_equal_eager_and_peak_within_budget() -> None:
     model, inputs = models.mlp()
     expected = models.eager_grads(model, inputs)
@@ -45,6 +47,7 @@ def test_inductor_gradients_equal_eager_and_peak_within_budget() -> None:
     assert measured <= 1.05 * report.budget_bytes, (measured, report.budget_bytes)
 
 
+@pytest.mark.compat
 def test_a_profiler_around_the_compiling_step_keeps_its_session() -> None:
     """On CPU the compile-time measurement is a profiler session; inside the program's own it is skipped
     (a second session would end the program's, which then records nothing)."""

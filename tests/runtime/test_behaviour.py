@@ -40,6 +40,7 @@ def test_infeasible_budget_raises_with_the_op_the_budget_and_the_knob() -> None:
     assert info.value.smallest_feasible_bytes > 100_000
 
 
+@pytest.mark.compat
 def test_dropout_recompute_replays_the_forward_mask() -> None:
     """Force the dropout mask to be evicted and recomputed; the gradient must equal eager's."""
 
@@ -127,6 +128,7 @@ def test_optimizer_step_inside_the_context_matches_eager() -> None:
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.compat
 def test_recorded_log_replays_offline(tmp_path) -> None:
     path = tmp_path / "step.log.gz"
     model = models.TransformerWithDropout()
@@ -171,6 +173,7 @@ def test_tensors_stay_plain_and_outlive_the_step_resident() -> None:
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.compat
 def test_materialize_hands_a_freed_tensor_to_non_torch_code() -> None:
     torch.manual_seed(0)
     w = torch.randn(256, 256) / 16
@@ -189,6 +192,7 @@ def test_materialize_hands_a_freed_tensor_to_non_torch_code() -> None:
     assert torch.equal(torch.load(buffer), torch.tanh(x @ w))
 
 
+@pytest.mark.compat
 def test_random_op_with_its_own_generator_replays_that_generator() -> None:
     """A tensor drawn inside the step from a `torch.Generator` (not the default one) is evicted and recomputed:
     the recompute must replay that generator, or the gradient is wrong."""

@@ -19,6 +19,7 @@ CASES = {
 }
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_eager_within_budget(case: str) -> None:
     make_model, step, fractions = CASES[case]

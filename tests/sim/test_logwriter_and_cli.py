@@ -33,6 +33,7 @@ def record(path) -> None:
             log.release(name)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("suffix", [".log", ".log.gz"])
 def test_writer_parser_replay_round_trip(tmp_path, suffix):
     path = tmp_path / f"step{suffix}"
@@ -56,6 +57,7 @@ def test_writer_rejects_mismatched_results():
         LogWriter(os.devnull).call("f", [], ["a", "b"], [1], [-1], 1)
 
 
+@pytest.mark.compat
 def test_cli_json_lines(tmp_path, capsys):
     path = tmp_path / "step.log"
     record(path)
