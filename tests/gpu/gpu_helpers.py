@@ -1,0 +1,89 @@
+"""Shared by the GPU tests (tests/gpu): the marks that skip them without CUDA, and steps measured on CUDA.
+
+Every test module here sets `pytestmark = GPU`: marked `gpu` (deselected by default; run them with
+`pytest -m gpu tests/gpu`) and skipped, saying why, where `torch.cuda.is_available()` is False. Nothing here
+needs more than torch 2.11 (the lent GPU machines carry 2.11.0+cu130, Triton 3.6, transformers 5.x and no
+network): models are built from configs with random weights.
+
+Peaks are `dtr_compile.measure.measure_peak(step, "cuda")`: `max_memory_allocated` above the bytes allocated
+when the step began, after `reset_peak_memory_stats` (DESIGN.md). A warm-up step runs first everywhere, so
+that one-time allocations (cuBLAS workspaces, the autograd engine's device thread) are live before the
+measured step begins, as parameters are. Measured peaks may pass the budget by `SLACK`, as in the CPU suites:
+the caching allocator rounds every block up to 512 bytes, which the budget's accounting does not model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from dtr_compile.measure import measure_peak
+
+CUDA = torch.device("cuda")
+GPU = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.is_available() is False)"
+    ),
+]
+SLACK = 1.05  # measured peak <= SLACK x budget, as tests/runtime and tests/e2e allow on CPU
+
+
+def grads_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_grads_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rtol: float = 1e-4) -> None:
+    """Every parameter's gradient within `rtol` of the reference's largest entry (compiled code reorders float
+    reductions, so "equal" is equal to fp32 rounding, not bitwise), and no gradient missing or extra."""
+    assert got.keys() == want.keys(), sorted(set(got) ^ set(want))
+    for name, reference in want.items():
+        scale = reference.abs().max().item() + 1e-6
+        error = (got[name] - reference).abs().max().item() / scale
+        assert error <= rtol, f"{name}: relative error {error:.2e} > {rtol:.0e}"
+
+
+def measured_step(model: nn.Module, step: Callable[[], Any], seed: int = 0) -> tuple[dict[str, torch.Tensor], int]:
+    """(gradients, measured CUDA peak) of `step()` (forward and backward), with the gradients set to None before
+    it, so they count in the step's peak, and the generators seeded, so dropout draws the same masks."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    _, measured = measure_peak(step, CUDA)
+    return grads_of(model), measured.peak_bytes
+
+
+def warm_then_measure(model: nn.Module, step: Callable[[], Any], seed: int = 0) -> tuple[dict[str, torch.Tensor], int]:
+    """One warm-up step (compiles, for a compiled model), then `measured_step`."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    step()
+    return measured_step(model, step, seed)
+
+
+def gpt2_lm(layers: int = 4, width: int = 256, heads: int = 4, vocab: int = 1024, seq: int = 256, batch: int = 8,
+            dropout: float = 0.0) -> tuple[nn.Module, torch.Tensor]:  # fmt: skip
+    """A GPT-2 language model from `transformers` (its real attention, GELU and loss code) with random weights,
+    on CUDA, and a batch of token ids; the model returns the loss."""
+    transformers = pytest.importorskip("transformers", reason="the GPT-2 tests need transformers")
+    transformers.utils.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=seq,
+        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+    )  # fmt: skip
+    inner = transformers.GPT2LMHeadModel(config)
+
+    class LossOnly(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.inner(input_ids=ids, labels=ids).loss
+
+    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+    return LossOnly().to(CUDA).train(), ids.to(CUDA)
