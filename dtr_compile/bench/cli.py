@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--quick", action="store_true",
                    help=f"small grid: models {' '.join(QUICK_MODELS)}, budgets {' '.join(map(str, QUICK_BUDGETS))}, "
-                   "quick sizes, Inductor methods on mlp at 0.5 only, on treelstm only backend=\"dtr\" (fx) of the compiled methods, 2 jobs, "
+                   "quick sizes, Inductor methods on mlp at 0.5 only, on treelstm only backend=\"dtr\" (fx) of the compiled methods, 2 jobs on cpu, "
                    "CPU clock; explicit flags override")  # fmt: skip
     p.add_argument("--models", nargs="+", metavar="MODEL", help=f"any of: {', '.join(MODELS)} (default: all)")
     p.add_argument("--methods", nargs="+", metavar="METHOD", help=f"any of: {', '.join(METHODS)} (default: all)")
@@ -97,7 +97,8 @@ def parse_grid(argv: Sequence[str] | None = None) -> tuple[Grid, argparse.Namesp
     args.device = str(device_from_args(parser, args.device))  # children get "cpu", "cuda" or "cuda:N"
     if args.threads < 1:
         parser.error(f"--threads {args.threads}: expected a positive number of threads")
-    jobs = args.jobs if args.jobs is not None else (QUICK_JOBS if args.quick else 1)
+    # Two children sharing one GPU would time each other's kernels: on CUDA, one run at a time unless told.
+    jobs = args.jobs if args.jobs is not None else (QUICK_JOBS if args.quick and args.device == "cpu" else 1)
     if jobs < 1:
         parser.error(f"--jobs {args.jobs}: expected a positive number of runs at once")
     # --quick runs two children at once on two cores: wall-clock ratios would mostly measure the neighbour.

@@ -113,6 +113,7 @@ def test_device_defaults_to_cuda_when_present_and_cuda_without_it_is_refused(mon
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     grid, _ = parse_grid(["--quick"])
     assert grid.device == "cuda" and grid.clock == "wall"  # CPU time would miss the GPU's work
+    assert grid.jobs == 1  # two runs sharing one GPU would time each other's kernels
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     grid, _ = parse_grid(["--quick"])
     assert grid.device == "cpu" and grid.clock == "cpu"
