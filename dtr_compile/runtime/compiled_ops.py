@@ -29,6 +29,7 @@ from ..engine import Storage
 from ..errors import BudgetError
 from .operations import Inputs, record_outputs
 from .recipe import OutputSource, Recipe, RngState
+from .rng_memory import hold_rng_state, rng_workspace_bytes
 from .slices import OutputSlice
 from .values import Buffer, TensorValue, buffer, storage_key
 
@@ -226,8 +227,8 @@ def run_part(rt: Runtime, part: CompiledPart, args: list[Any]) -> list[Any]:
         written = [i for i in part.mutated_inputs if i < len(args) and isinstance(args[i], torch.Tensor)]
         if written:
             inputs.before_writes(rt, args, written, True)
-        need = part.footprint.reserve_bytes(args)
         device = device_of(args)
+        need = part.footprint.reserve_bytes(args) + (rng_workspace_bytes(device) if part.random else 0)
         # What the output registration needs of the arguments once the part has freed them: the written ones.
         described = [args[i] if i in written else leaf for i, leaf in enumerate(inputs.leaves)]
         try:
@@ -244,6 +245,7 @@ def run_part(rt: Runtime, part: CompiledPart, args: list[Any]) -> list[Any]:
             buffer(storage).loosen()
         try:
             rng = RngState.capture(device) if part.random else None
+            hold_rng_state(rt, rng)  # its bytes count against the budget (room made in `need`)
             start = time.perf_counter()
             results = list(part.inner(args))
             elapsed = time.perf_counter() - start

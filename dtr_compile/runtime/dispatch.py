@@ -21,6 +21,7 @@ from ..roofline import estimate_call
 from .calls import flatten_call, flatten_result, op_info, written_leaves
 from .operations import Inputs, record_outputs
 from .recipe import Recipe, RngState
+from .rng_memory import hold_rng_state
 from .workspace import workspace_bytes
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ def run_call(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict
     engine.reserve(storages, (fresh_expected or 0) + workspace, name)
     try:
         rng = RngState.capture(_device_of_call(flat), _generator_of(flat)) if info.random else None
+        hold_rng_state(rt, rng)  # its bytes count against the budget (room made in workspace_bytes)
         start = time.perf_counter()
         result = func(*args, **kwargs)
         elapsed = time.perf_counter() - start

@@ -17,11 +17,39 @@ from typing import Any
 
 import torch
 
+from .rng_memory import rng_workspace_bytes
+
 _aten = torch.ops.aten
 
 
 def _bytes(t: Any) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _flash_splits(q_len: int, kv_len: int) -> tuple[int, int]:
+    """Block sizes of the CPU flash-attention kernels (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp)."""
+    q_split = 256 if q_len >= 768 else (64 if q_len >= 192 else 32)
+    return min(q_split, q_len), min(512, kv_len)
+
+
+def _flash_forward(args: tuple, fresh: int) -> int:
+    """One buffer per thread: a (q block x kv block) score tile, the block's max and sum, and its output rows.
+    Checked against the profiler for sequence lengths 16 to 1024, 1 and 2 threads (exact for float32)."""
+    q, k = args[0], args[1]
+    q_split, kv_split = _flash_splits(q.shape[-2], k.shape[-2])
+    per_thread = q_split * kv_split + 2 * q_split + q_split * q.shape[-1]
+    reduced = q.element_size() < 4  # bf16/fp16 keep a second, reduced-precision tile
+    return torch.get_num_threads() * per_thread * (4 + (q.element_size() if reduced else 0))
+
+
+def _flash_backward(args: tuple, fresh: int) -> int:
+    """Two score tiles per thread, a row of the block, and a contiguous copy of one (batch, seq, head) input
+    when the layout asks for one (counted always: the profiler saw it on every multi-head shape)."""
+    q, k = args[1], args[2]
+    q_split, kv_split = _flash_splits(q.shape[-2], k.shape[-2])
+    reduced = q.element_size() < 4
+    tiles = torch.get_num_threads() * 2 * q_split * kv_split * (4 + (q.element_size() if reduced else 0))
+    return tiles + 4 * q_split + _bytes(args[0])
 
 
 # op -> function(args, fresh_output_bytes) -> workspace bytes
@@ -36,11 +64,16 @@ _CPU_WORKSPACE: dict[Any, Callable[[tuple, int], int]] = {
     _aten._softmax.default: lambda args, fresh: fresh,
     _aten._log_softmax.default: lambda args, fresh: fresh,
 }
+if hasattr(_aten, "_scaled_dot_product_flash_attention_for_cpu"):
+    _CPU_WORKSPACE[_aten._scaled_dot_product_flash_attention_for_cpu.default] = _flash_forward
+    _CPU_WORKSPACE[_aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _flash_backward
 
 
 def workspace_bytes(func: Any, args: tuple, fresh_bytes: int, device: torch.device) -> int:
-    """Estimated temporary bytes of one call (0 for ops with no known workspace)."""
+    """Estimated temporary bytes of one call (0 for ops with no known workspace), with the RNG states a random
+    op saves and a recompute of it replays (rng_memory.py)."""
     if device.type != "cpu":
         return 0  # not modeled on CUDA yet (cuDNN/cuBLAS workspaces): measured peaks there will show it
+    rng = rng_workspace_bytes(device) if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()) else 0
     estimate = _CPU_WORKSPACE.get(func)
-    return estimate(args, fresh_bytes) if estimate is not None else 0
+    return rng + (estimate(args, fresh_bytes) if estimate is not None else 0)
