@@ -14,7 +14,7 @@ CASES = {
     "mlp": (0.9, 0.75, 0.6),
     "transformer": (0.7, 0.5, 0.35),
     "cnn": (0.9, 0.7),
-    "gpt2": (0.7, 0.5),
+    "gpt2": (0.7, 0.6),  # fractions of torch.compile's own (min-cut) partition: its floor is 0.53
 }
 
 
