@@ -177,6 +177,12 @@ class Engine:
         self._held: dict[int, Storage] = {}
         self._resident_count = 0  # counted resident storages, for the mean size of min_evictable_fraction
         self._current_op = ""  # name of the op being prepared, for error messages
+        # Overrun mode (set by a caller that finds a feasible budget for a failed step, runtime.py): an operation
+        # that cannot fit even after evicting every candidate raises the budget to what it needs instead of
+        # raising BudgetError, and `overrun_need` keeps the most memory such an operation needed.
+        self.overrun = False
+        self.overrun_need: int | None = None
+        self.overrun_at = ""  # the first operation that did not fit, and why
         self._ticks = 0  # for Storage.evictable_since
 
     # ------------------------------------------------------------------------------------ creation
@@ -189,17 +195,22 @@ class Engine:
         self._allocate(storage)
         return storage
 
-    def reserve(self, inputs: Sequence[Storage], out_bytes: int, name: str = "op") -> None:
+    def reserve(self, inputs: Sequence[Storage], out_bytes: int, name: str = "op", *, strict: bool = False) -> None:
         """Before running an operation: make its inputs resident (recomputing evicted ones), lock them,
         and evict until `out_bytes` more fit in the budget. Pair every call with `record` or `abandon`.
-        If it raises (BudgetError, ThrashError, an executor's error), it has released its locks itself."""
+        If it raises (BudgetError, ThrashError, an executor's error), it has released its locks itself.
+        `strict`: raise BudgetError when the operation cannot fit even in overrun mode (a caller that has
+        another way to run it)."""
         self._current_op = name
         for storage in inputs:
             storage.locks += 1
             # Accessed when the operation is requested, before any recompute it triggers (as in the DTR
             # simulator): the recompute chain's own cost does not make the inputs look fresher.
             storage.last_access = self.clock
+        overrun = self.overrun
         try:
+            if strict:
+                self.overrun = False
             self._check_reachable(inputs, out_bytes)
             # The deep ones first (see `_next_missing`): what a shallow one brings back is held (locked) after.
             missing = sorted((s for s in inputs if not s.resident), key=lambda s: not _has_evicted_parent(s))
@@ -211,6 +222,8 @@ class Engine:
             for storage in inputs:
                 self._unlock(storage)
             raise
+        finally:
+            self.overrun = overrun
 
     def record(
         self,
@@ -392,6 +405,9 @@ class Engine:
         while self.memory + nbytes > self.budget_bytes:
             victim = self._choose_victim()
             if victim is None:
+                if self.overrun:
+                    self._raise_budget_to(self.memory + nbytes)
+                    return
                 self._raise_budget_error(nbytes)
             self._evict(victim, eager=False)
 
@@ -563,6 +579,13 @@ class Engine:
         else:
             reference = self.compute_cost
         if self.remat_cost > self.thrash_limit * reference:
+            if self.overrun:
+                # Overrun mode: a budget this step thrashes at is not one to name. The step finishes evicting
+                # nothing more, and its peak is the budget named: at it, the rerun evicts less than this run did.
+                if self.budget_bytes is not None:
+                    self._raise_budget_to(max(self.budget_bytes, self.memory), "recomputed beyond thrash_limit")
+                    self.budget_bytes = None
+                return
             raise ThrashError(
                 f"thrashing while running {self._current_op!r} (recomputing {recomputed!r}): recompute cost "
                 f"{self.remat_cost:.4g} exceeds {self.thrash_limit:g} x the original compute {reference:.4g} "
@@ -581,7 +604,19 @@ class Engine:
             if storage.counted and (storage.pool_index >= 0 or not storage.resident):
                 floor += storage.nbytes
         if floor > self.budget_bytes:
+            if self.overrun:
+                self._raise_budget_to(floor)
+                return
             self._raise_budget_error(nbytes, floor=floor)
+
+    def _raise_budget_to(self, needed: int, why: str = "did not fit with every evictable tensor evicted") -> None:
+        """Overrun mode: the budget rises to what this operation needs (and stays there for the rest of the
+        step, so later operations evict as they would under that budget instead of evicting everything)."""
+        assert self.budget_bytes is not None
+        if self.overrun_need is None:
+            self.overrun_at = f"{self._current_op!r} {why}"
+        self.overrun_need = max(self.overrun_need or 0, needed)
+        self.budget_bytes = max(self.budget_bytes, needed)
 
     def _raise_budget_error(self, nbytes: int, *, floor: int | None = None) -> None:
         locked = sum(s.nbytes for s in self.pool if s.locks)

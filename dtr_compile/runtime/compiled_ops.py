@@ -232,7 +232,7 @@ def run_part(rt: Runtime, part: CompiledPart, args: list[Any]) -> list[Any]:
         # What the output registration needs of the arguments once the part has freed them: the written ones.
         described = [args[i] if i in written else leaf for i, leaf in enumerate(inputs.leaves)]
         try:
-            engine.reserve(inputs.storages, need, part.name)
+            engine.reserve(inputs.storages, need, part.name, strict=part.op_by_op is not None)
         except BudgetError as error:
             if part.op_by_op is None:
                 raise

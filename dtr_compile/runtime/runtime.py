@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .. import config
 from ..config import check_positive_bytes, parse_budget
 from ..engine import Engine, Storage
-from ..errors import ConfigError, DTRError, format_bytes
+from ..errors import BudgetError, ConfigError, DTRError, format_bytes
 from .constants import ConstantRegistry
 from .dispatch import DTRMode
 from .handles import HandleCell, StorageIndex
@@ -153,6 +153,9 @@ class Runtime:
 
     def __enter__(self) -> Self:
         self.begin_step()
+        # A step the budget cannot hold runs to its end above it, then `__exit__` raises a BudgetError naming
+        # the budget it needed (a number that runs, not a bound at the first op that did not fit: issue 16).
+        self.engine.overrun = True
         assert self._mode is not None and self._hooks is not None
         self._mode.__enter__()
         self._hooks.__enter__()
@@ -163,7 +166,11 @@ class Runtime:
         assert mode is not None and hooks is not None
         hooks.__exit__(*exc)
         mode.__exit__(*exc)
+        needed = self._overrun_bytes()
+        self.engine.overrun = False
         self.end_step(failed=exc[0] is not None)
+        if needed is not None and exc[0] is None:
+            raise self._overrun_error(needed)
 
     def begin_step(self) -> None:
         """Start a step: resolve the budget and make the dispatch mode and saved-tensor hooks (the caller
@@ -172,6 +179,7 @@ class Runtime:
             raise DTRError("this dtr_compile Runtime is already active; runtimes do not nest")
         self._calibrating = False
         self.failed = False
+        self.engine.overrun_need = None
         budget = self._resolved_budget()
         # The budget bounds what the step allocates above what was live when it began.
         self._step_start_memory = self.engine.memory
@@ -218,6 +226,26 @@ class Runtime:
             buffer(storage).detach()
             engine.release(storage)
         self._log_cells.clear()
+
+    def _overrun_bytes(self) -> int | None:
+        """The budget this step needed, if it ran above its own: its peak, or the most an operation that did
+        not fit needed (outputs and workspace) if more."""
+        engine = self.engine
+        if engine.overrun_need is None:
+            return None
+        return max(engine.peak, engine.overrun_need) - self._step_start_memory
+
+    def _overrun_error(self, needed: int) -> BudgetError:
+        budget = self.budget_bytes
+        return BudgetError(
+            f"memory budget {format_bytes(budget)} ({budget} bytes) is below what this step needs: "
+            f"{self.engine.overrun_at}, and the step, finished "
+            f"under the smallest budget that let each operation run, needed {format_bytes(needed)} above its start. "
+            f"Set memory_budget to at least {needed} bytes (this step runs at that budget).",
+            budget_bytes=budget,
+            smallest_feasible_bytes=needed,
+            is_lower_bound=False,
+        )
 
     def _resolved_budget(self) -> int | None:
         budget = self.memory_budget
