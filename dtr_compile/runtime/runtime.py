@@ -20,6 +20,7 @@ the output-size cache warm and lets a fractional budget calibrate once (see `_re
 from __future__ import annotations
 
 import gc
+import math
 import os
 import threading
 import warnings
@@ -237,11 +238,14 @@ class Runtime:
 
     def _overrun_error(self, needed: int) -> BudgetError:
         budget = self.budget_bytes
+        hint = ""
+        if isinstance(self.memory_budget, float) and self.reference_peak_bytes:  # rounded up: it must cover `needed`
+            hint = f", or the fraction {math.ceil(1000 * needed / self.reference_peak_bytes) / 1000:g}"
         return BudgetError(
             f"memory budget {format_bytes(budget)} ({budget} bytes) is below what this step needs: "
             f"{self.engine.overrun_at}, and the step, finished "
             f"under the smallest budget that let each operation run, needed {format_bytes(needed)} above its start. "
-            f"Set memory_budget to at least {needed} bytes (this step runs at that budget).",
+            f"Set memory_budget to at least {needed} bytes{hint} (this step runs at that budget).",
             budget_bytes=budget,
             smallest_feasible_bytes=needed,
             is_lower_bound=False,

@@ -56,3 +56,15 @@ def test_the_step_after_a_budget_error_starts_clean() -> None:
         named.append(info.value.smallest_feasible_bytes)
     assert named[0] == named[1]
     assert runtime.engine.budget_bytes is None and not runtime.active
+
+
+def test_a_fractional_budget_error_also_names_a_fraction_that_runs() -> None:
+    make_model, step = CASES["random8"]
+    reference = eager_reference(make_model, step)
+    with pytest.raises(dtr_compile.BudgetError) as info:
+        under_runtime(make_model, step, 0.15, reference_peak_bytes=reference.peak_bytes)
+    fraction = float(str(info.value).split("or the fraction ")[1].split()[0])
+    assert 0.15 < fraction <= 1
+    result, _ = under_runtime(make_model, step, fraction, reference_peak_bytes=reference.peak_bytes)
+    assert_same(result, reference)
+    assert result.peak_bytes <= int(fraction * reference.peak_bytes)
