@@ -26,6 +26,7 @@ room for each call at the actual sizes (Footprint.scale).
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -65,16 +66,14 @@ class Region:
         self.reports: list[PlanReport] = []  # one per compile, for explain and tests
         self._key: Hashable = None
         self._compiled: Callable[..., Any] | None = None
-        self._attached = False
+        self._owner: Callable[[], Any] | None = None  # weak: what this region's steps belong to
         key, budget = self._plan_budget()
         self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
 
     def __call__(self, *args: Any) -> Any:
         STEPS.close_stale()
         if STEPS.wanted():
-            STEPS.begin()
-            if not self._attached:  # later steps begin before Dynamo's frame (see implicit.py)
-                self._attached = STEPS.attach_to_calling_module()
+            STEPS.begin(self._step_owner())
         try:
             key, budget = self._plan_budget()
             if key != self._key:
@@ -88,6 +87,18 @@ class Region:
                 STEPS.end()  # a failed forward ends its step: nothing of it will run backward
             raise
 
+    def _step_owner(self) -> Any:
+        """What a step begun by this region belongs to (a fractional budget is resolved per owner): the
+        compiled module it runs in, whose later calls then begin their steps before Dynamo's frame (see
+        implicit.py), or this region itself for a compiled function."""
+        owner = self._owner() if self._owner is not None else None
+        if owner is None:
+            owner = STEPS.attach_to_calling_module()
+            if owner is None:
+                owner = self
+            self._owner = weakref.ref(owner)
+        return owner
+
     # ------------------------------------------------------------------------------ the budget share
 
     def _plan_budget(self) -> tuple[Hashable, Budget]:
@@ -96,6 +107,8 @@ class Region:
         held = runtime.step_bytes if runtime is not None else 0
         if runtime is None and config.compiled_steps == "runtime" and config.memory_budget is not None:
             runtime = STEPS.prospective_runtime()  # the step this region's first call will begin
+            owner = self._owner() if self._owner is not None else None
+            runtime.reference_peak_bytes = STEPS.here.calibrations.get(owner) if owner is not None else None
         if runtime is None:
             return ("alone", config.memory_budget), config.memory_budget
         calibrating = runtime.calibrating if runtime.active else runtime.budget_bytes is None

@@ -47,6 +47,7 @@ class StorageIndex:
         # (nothing else does: the tensors are plain), and lets one shared callback find the cell of a death.
         self._watched: dict[int, HandleCell] = {}
         self._on_death = self._make_death_callback()
+        self.on_empty: Callable[[], None] | None = None  # told when the last handle of the step dies (implicit.py)
 
     def __len__(self) -> int:
         return len(self._current)
@@ -90,6 +91,8 @@ class StorageIndex:
             # holder the runtime does not see) finds an outside tensor, and a recompute gets its own storage.
             if key is not None and self._current.get(key) is storage:
                 del self._current[key]
+                if not self._current and self.on_empty is not None:
+                    self.on_empty()
             if not storage.resident and payload.shared:
                 payload.detach()
 

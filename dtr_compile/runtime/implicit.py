@@ -1,57 +1,277 @@
 """Implicit steps: `torch.compile(model, backend="dtr")` alone runs each training step under the runtime.
 
-With a memory budget set, gradients enabled and `config.compiled_steps == "runtime"`, the first compiled
-region called outside any step starts one: the runtime's dispatch mode and saved-tensor hooks go on the
-stack, so the eager code between compiled regions (graph breaks, data-dependent control flow, code Dynamo
-cannot trace) runs under the same runtime as the regions, which join it as operations (compiled_ops.py).
-No call in the training loop is needed.
+With a memory budget set, gradients enabled and `config.compiled_steps == "runtime"`, a call of a compiled
+model outside any step starts one: the runtime's dispatch mode and saved-tensor hooks go on the stack, so the
+eager code between compiled regions (graph breaks, data-dependent control flow, code Dynamo cannot trace) runs
+under the same runtime as the regions, which join it as operations (compiled_ops.py). No call in the training
+loop is needed, and none is needed to end a step either.
 
-The step ends when the backward pass it belongs to has finished: the first backward part of a region queues
-a callback on the autograd engine, which ends the step there (tensors that outlive it are restored and
-released, gradients included). The autograd engine runs a backward pass on a copy of the calling thread's
-state and puts the original back when it returns, so the mode and hooks cannot be taken off the stack from
-inside it: they stay there, inert (an inert mode runs every op as it is; inert hooks save tensors as they
-are), and are popped at the next optimizer step (a global optimizer pre-hook) or compiled call, whichever
-comes first; `finish_steps()` pops them at once. A forward that raises ends its step at once.
+One owner of the process state. Everything a step installs on its thread (the dispatch mode, and with it
+torch's Python dispatch key; the saved-tensor hooks; the gc freeze and the thread's current runtime, both in
+`Runtime.begin_step`; the wrapper around `torch.autograd.backward`/`grad` that finds the end of the backward)
+is installed by one `StepScope` and taken away by its `leave()`, which puts back exactly what it found. The
+step finds its own end, at the first of:
+  - the backward finishing: the first backward part queues a callback on the autograd engine that ends the
+    runtime's step (tensors that outlive it are restored and released). The engine runs a backward on a copy of
+    the thread's state and puts the original back when it returns, so the mode cannot be popped from inside
+    it; the wrapped `torch.autograd.backward` leaves the scope as soon as the engine returns;
+  - an exception out of the compiled module's call (a BudgetError, the user's own, KeyboardInterrupt), or out
+    of the backward;
+  - the step's tensors all going out of scope before a backward (an exception in the loss, a forward whose
+    result is dropped): the death of the last one ends the step;
+  - the next compiled call, for whatever an earlier step could not take off the stack itself.
+`finish_steps()` still exists, for code that wants the state back at a point of its choosing.
 
 Where a step begins matters. TorchDynamo runs a compiled module's forward inside a guard that restores, on
-return, the dispatch keys that were enabled when it was entered: a mode pushed inside (by the first compiled
-region) stays on the stack but stops seeing the ops that follow the module call (a loss computed outside the
-model). So the first region of a step also registers a forward pre-hook on the compiled module it runs in
-(`attach_to_calling_module`), and every later step begins there, before the guard: the whole step, loss and
-backward included, runs under the runtime. Only the very first step (the one that compiles) begins inside.
+return, the dispatch keys that were enabled when it was entered: a mode pushed or popped inside it gets out of
+step with torch's Python dispatch key (popped inside, the key comes back with an empty mode stack and the next
+eager op fails). So the first region of a step wraps the call of the compiled module it runs in
+(`attach_to_calling_module`), and every later step begins and, on an exception, ends in that wrapper, outside
+the guard: the whole step, loss and backward included, runs under the runtime. Only the very first step (the
+one that compiles) begins inside; a scope begun outside a guard is never left from inside one.
 
-One Runtime serves all implicit steps of the process (its output-size cache and the calibration of a
-fractional budget carry over between steps); `implicit_runtime()` returns it for its statistics. A program
-that runs a compiled model with gradients enabled but never calls backward keeps its step open until the
-next backward; wrap such code in `torch.no_grad()`.
+Steps belong to their thread: each thread has its own implicit Runtime and scope. A fractional budget is
+resolved per model: each compiled module (or, for a compiled function, its first region) keeps the no-remat
+peak its own first whole step measured.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from typing import Any
 
 import torch
+from torch._C._dynamo.eval_frame import get_eval_frame_callback
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode
+from torch.utils._python_dispatch import _get_current_dispatch_mode, _get_current_dispatch_mode_stack, _pop_mode
 
 from .. import config
-from .dispatch import DTRMode
 from .runtime import Runtime, current_step
+
+_PYTHON_KEYS = (torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnapshot)
+
+
+def _inside_compiled_frame() -> bool:
+    """Is a TorchDynamo-run frame on the stack (whose guard restores the dispatch keys when it returns)?"""
+    return get_eval_frame_callback() is not None
+
+
+class StepScope:
+    """Everything one implicit step installs on its thread; `leave()` restores what `enter()` found."""
+
+    def __init__(self, steps: ThreadSteps, runtime: Runtime, owner: Any, *, outside: bool) -> None:
+        self.steps = steps
+        self.runtime = runtime
+        self.owner = owner  # what the fractional budget refers to (a compiled module, or a region)
+        self.outside = outside  # begun outside TorchDynamo's guard: the whole step is seen
+        self.backward_began = False
+        self.emptied = False  # the last tensor of the step died (before any backward)
+        self.left = False
+        self._mode: Any = None
+        self._pack: Any = None
+        self._depth = 0
+        self._keys: tuple[bool, ...] = ()
+
+    def enter(self) -> None:
+        runtime = self.runtime
+        runtime.reference_peak_bytes = self.steps.calibrations.get(self.owner)
+        self._depth = len(_get_current_dispatch_mode_stack())
+        self._keys = tuple(torch._C._dispatch_tls_is_dispatch_key_included(k) for k in _PYTHON_KEYS)
+        runtime.begin_step()
+        assert runtime._mode is not None and runtime._hooks is not None
+        try:
+            self._mode = runtime._mode
+            self._mode.__enter__()
+            runtime._hooks.__enter__()
+            self._pack = torch._C._autograd._top_saved_tensors_default_hooks(True)[0]
+            runtime.index.on_empty = self._on_empty
+            _BACKWARD_WRAPPER.install()
+        except BaseException:
+            self.leave(failed=True)
+            raise
+
+    def stale(self) -> bool:
+        """Can this step not continue (an operation raised, its backward ran, or nothing of it is left)?"""
+        runtime = self.runtime
+        return not runtime.active or runtime.failed or self.backward_began or (self.emptied and len(runtime.index) == 0)
+
+    def end_runtime_step(self, *, failed: bool = False) -> None:
+        """End the runtime's step (the mode and hooks stay, inert, until `leave`); record a calibration."""
+        runtime = self.runtime
+        if not runtime.active:
+            return
+        calibrating = runtime.calibrating
+        failed = failed or runtime.failed
+        runtime.index.on_empty = None
+        runtime.end_step(failed=failed)
+        whole = self.backward_began and (self.outside or not self.steps.attachable(self.owner))
+        if calibrating and not failed and whole:  # a step with its loss and backward seen: the fraction's reference
+            self.steps.calibrations[self.owner] = runtime.reference_peak_bytes
+
+    def can_leave(self) -> bool:
+        """Is now a point where the scope's mode and hooks can come off this thread's stacks for good?"""
+        return (
+            not self.left
+            and threading.get_ident() == self.steps.thread
+            and torch._C._current_graph_task_id() == -1  # the engine would put them back when the pass ends
+            and not (self.outside and _inside_compiled_frame())  # Dynamo's guard would restore the Python key
+        )
+
+    def leave(self, *, failed: bool = False) -> None:
+        """End the step and take off the stacks what it put there (call only where `can_leave()`)."""
+        if self.left:
+            return
+        try:
+            self.end_runtime_step(failed=failed)
+        finally:
+            self.left = True
+            if self.steps.scope is self:
+                self.steps.scope = None
+            self._pop()
+            _BACKWARD_WRAPPER.uninstall()
+
+    def _pop(self) -> None:
+        top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        if top is not None and top[0] is self._pack:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+        else:
+            self.steps.leftover_packs.append(self._pack)
+        if _get_current_dispatch_mode() is self._mode:
+            _pop_mode()
+        elif self._mode is not None:
+            self.steps.leftover_modes.append(self._mode)
+        if len(_get_current_dispatch_mode_stack()) == self._depth:
+            for key, included in zip(_PYTHON_KEYS, self._keys):
+                torch._C._dispatch_tls_set_dispatch_key_included(key, included)
+
+    def _on_empty(self) -> None:
+        """The last tensor of the step died: before a backward, nothing of the step can be used any more."""
+        if self.backward_began or torch._C._current_graph_task_id() != -1:
+            return
+        self.emptied = True
+        if _get_current_dispatch_mode() is not self._mode:  # inside one of the step's own operations
+            return
+        if self.can_leave():
+            self.leave(failed=True)  # never a backward: not a step a fraction can refer to
+
+
+class ThreadSteps:
+    """One thread's implicit Runtime, its open scope, and the calibrations of fractional budgets per model."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.runtime: Runtime | None = None
+        self._settings: tuple = ()
+        self.scope: StepScope | None = None
+        self.calibrations: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.leftover_modes: list[Any] = []  # modes of left scopes that were not on top when they left
+        self.leftover_packs: list[Any] = []
+
+    def attachable(self, owner: Any) -> bool:
+        return isinstance(owner, torch.nn.Module)
+
+    def prospective_runtime(self) -> Runtime:
+        settings = _runtime_settings()
+        if self.runtime is None or (settings != self._settings and not self.running()):
+            self.runtime = Runtime(config.memory_budget)
+            self.runtime.on_backward = self.on_backward_part
+            self._settings = settings
+            self.calibrations = weakref.WeakKeyDictionary()
+        return self.runtime
+
+    def running(self) -> bool:
+        return self.scope is not None and self.scope.runtime.active
+
+    def close_stale(self) -> None:
+        """Before a compiled call: leave a step that cannot continue, and pop what ended steps left."""
+        scope = self.scope
+        if scope is not None and scope.stale():
+            if scope.can_leave():
+                scope.leave(failed=True)
+            else:
+                scope.end_runtime_step(failed=True)
+        self.pop_leftovers()
+
+    def begin(self, owner: Any, *, outside: bool) -> Runtime:
+        self.close_stale()
+        if self.scope is not None and not self.scope.left:  # ended but not yet off the stack (inside a guard)
+            self.scope.end_runtime_step(failed=True)
+        runtime = self.prospective_runtime()
+        scope = StepScope(self, runtime, owner, outside=outside)
+        scope.enter()
+        self.scope = scope
+        return runtime
+
+    def end(self) -> None:
+        """A compiled call raised: end its step, and leave it if this is a point where it can be left."""
+        scope = self.scope
+        if scope is None:
+            return
+        if scope.can_leave():
+            scope.leave(failed=True)
+        else:
+            scope.end_runtime_step(failed=True)
+
+    def pop_leftovers(self) -> None:
+        """Pop modes and hooks of left scopes that were not on top of the stacks when they left."""
+        if torch._C._current_graph_task_id() != -1 or _inside_compiled_frame():
+            return
+        while self.leftover_modes and _get_current_dispatch_mode() in self.leftover_modes:
+            self.leftover_modes.remove(_pop_mode())
+        while self.leftover_packs:
+            top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+            if top is None or top[0] not in self.leftover_packs:
+                break
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            self.leftover_packs.remove(top[0])
+        if not _get_current_dispatch_mode_stack():
+            self.leftover_modes.clear()
+            for key in _PYTHON_KEYS:
+                torch._C._dispatch_tls_set_dispatch_key_included(key, False)
+
+    def finish(self) -> None:
+        scope = self.scope
+        if scope is not None:
+            scope.leave(failed=True)
+        self.pop_leftovers()
+
+    def after_backward_call(self) -> None:
+        """`torch.autograd.backward` or `grad` returned (or raised) on this thread."""
+        scope = self.scope
+        if scope is not None and scope.stale() and scope.can_leave():
+            scope.leave()
+
+    def on_backward_part(self, runtime: Runtime) -> None:
+        """A backward pass runs inside a step (a compiled backward part, or the first op of the backward
+        under the dispatch mode): end the step with that backward pass."""
+        scope = self.scope
+        if scope is None or runtime is not scope.runtime or scope.backward_began or not runtime.active:
+            return
+        scope.backward_began = True
+        torch.autograd.Variable._execution_engine.queue_callback(scope.end_runtime_step)
 
 
 class ImplicitSteps:
-    """The process's implicit Runtime, and the modes and hooks its steps left on the stack."""
+    """The process's implicit steps: a `ThreadSteps` per thread, and the wrappers that begin steps."""
 
     def __init__(self) -> None:
-        self.runtime: Runtime | None = None
-        self._settings: tuple = ()  # the config the Runtime was made from
-        self._modes: list[DTRMode] = []  # modes our steps pushed and that may still be on the stack
-        self._packs: list[object] = []  # their pack hooks
-        self._end_queued = False  # this step's end is queued on the autograd engine (its backward began)
+        self._local = threading.local()
+        self._lock = threading.Lock()
         self._hooked: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # modules whose calls begin steps
+        self._optimizer_hook: Any = None
+
+    @property
+    def here(self) -> ThreadSteps:
+        steps = getattr(self._local, "steps", None)
+        if steps is None:
+            steps = self._local.steps = ThreadSteps()
+        return steps
+
+    @property
+    def runtime(self) -> Runtime | None:
+        return self.here.runtime
 
     def wanted(self) -> bool:
         """Would a compiled region called now start an implicit step?"""
@@ -63,106 +283,137 @@ class ImplicitSteps:
         )
 
     def prospective_runtime(self) -> Runtime:
-        """The Runtime the next implicit step will use, following dtr_compile.config."""
-        settings = _runtime_settings()
-        if self.runtime is None:
-            # The optimizer step that follows a backward pass is the first moment, on the training loop's
-            # thread and outside any compiled frame or backward pass, to take an ended step's mode off the stack.
-            register_optimizer_step_pre_hook(self._before_optimizer_step)
-        if self.runtime is None or (settings != self._settings and not self.running()):
-            self.runtime = Runtime(config.memory_budget)
-            self.runtime.on_backward = self.on_backward_part
-            self._settings = settings
-        return self.runtime
+        """The Runtime the next implicit step of this thread will use, following dtr_compile.config."""
+        with self._lock:
+            if self._optimizer_hook is None:
+                # Also a safe point to pop what a step could not (see close_stale).
+                self._optimizer_hook = register_optimizer_step_pre_hook(self._before_optimizer_step)
+        return self.here.prospective_runtime()
 
     def running(self) -> bool:
-        runtime = self.runtime
-        return runtime is not None and runtime.active
+        return self.here.running()
 
     def close_stale(self) -> None:
-        """Before a compiled forward: end a step that cannot continue (an operation of it raised, or its
-        backward already ran and failed before the end of the pass), and pop what ended steps left."""
-        runtime = self.runtime
-        if runtime is not None and runtime.active and (runtime.failed or self._end_queued):
-            runtime.end_step(failed=True)
-        self.pop_inert()
+        self.here.close_stale()
 
-    def begin(self) -> Runtime:
-        self.pop_inert()
-        runtime = self.prospective_runtime()
-        runtime.begin_step()
-        assert runtime._mode is not None and runtime._hooks is not None
-        runtime._mode.__enter__()
-        runtime._hooks.__enter__()
-        self._modes.append(runtime._mode)
-        self._packs.append(torch._C._autograd._top_saved_tensors_default_hooks(True)[0])
-        self._end_queued = False
-        return runtime
+    def begin(self, owner: Any = None) -> Runtime:
+        """Begin a step from inside a compiled frame (the first call of a model)."""
+        self.prospective_runtime()
+        return self.here.begin(owner, outside=False)
 
     def end(self) -> None:
-        """End the running step now (on its thread, outside a backward pass), and pop its mode and hooks."""
-        runtime = self.runtime
-        if runtime is not None and runtime.active:
-            runtime.end_step()
-        self.pop_inert()
+        self.here.end()
 
-    def pop_inert(self) -> None:
-        """Pop the modes and hooks of ended steps from the top of this thread's stacks."""
-        while self._modes:
-            mode = _get_current_dispatch_mode()
-            if mode not in self._modes or mode.runtime._mode is mode:  # not ours, or its step still runs
-                break
-            _pop_mode()
-            self._modes.remove(mode)
-        while self._packs:
-            top = torch._C._autograd._top_saved_tensors_default_hooks(True)
-            if top is None or top[0] not in self._packs or self.running():
-                break
-            torch._C._autograd._pop_saved_tensors_default_hooks()
-            self._packs.remove(top[0])
+    def finish(self) -> None:
+        self.here.finish()
 
-    def attach_to_calling_module(self) -> bool:
+    def on_backward_part(self, runtime: Runtime) -> None:
+        self.here.on_backward_part(runtime)
+
+    def attach_to_calling_module(self) -> Any:
         """Find the compiled module whose forward is running (up the call stack) and make its later calls
-        begin their steps before TorchDynamo's guard; False if the compiled code is not a module's."""
+        begin their steps outside TorchDynamo's guard; returns it, or None if the compiled code is not a
+        module's."""
         from torch._dynamo.eval_frame import OptimizedModule
 
         frame = sys._getframe(1)
         while frame is not None:
             candidate = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
-            if isinstance(candidate, OptimizedModule):
-                if candidate not in self._hooked:
-                    candidate.register_forward_pre_hook(self._before_forward)
-                    self._hooked.add(candidate)
-                return True
+            if isinstance(candidate, OptimizedModule) or (
+                isinstance(candidate, torch.nn.Module) and candidate._compiled_call_impl is not None
+            ):
+                with self._lock:
+                    if candidate not in self._hooked:
+                        _wrap_module_call(candidate, self)
+                        self._hooked.add(candidate)
+                return candidate
             frame = frame.f_back
+        return None
+
+    def before_module_call(self, module: torch.nn.Module) -> bool:
+        """A wrapped module is called: close what is stale and begin a step if one is wanted."""
+        steps = self.here
+        steps.close_stale()
+        if self.wanted() and steps.scope is None:
+            self.prospective_runtime()
+            steps.begin(module, outside=True)
+            return True
         return False
+
+    def after_failed_module_call(self, began: bool) -> None:
+        steps = self.here
+        scope = steps.scope
+        if scope is not None and (began or scope.stale()) and scope.can_leave():
+            scope.leave(failed=True)
+        steps.pop_leftovers()
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.close_stale()
 
-    def finish(self) -> None:
-        """End a running step (if any) and pop every mode and hook the implicit steps left on this thread."""
-        if self.running():
-            self.runtime.end_step(failed=True)  # type: ignore[union-attr]
-        self.pop_inert()
 
-    def _before_forward(self, module: torch.nn.Module, args: Any) -> None:
-        self.close_stale()
-        if self.wanted():
-            self.begin()
+def _wrap_module_call(module: torch.nn.Module, steps: ImplicitSteps) -> None:
+    """Make `module`'s calls begin (and, on an exception, end) their steps outside TorchDynamo's guard."""
+    inner = module._compiled_call_impl if module._compiled_call_impl is not None else module._call_impl
 
-    def on_backward_part(self, runtime: Runtime) -> None:
-        """A backward pass runs inside a step (a compiled backward part, or the first op of the backward
-        under the dispatch mode): end the step with that backward pass."""
-        if runtime is not self.runtime or self._end_queued or not runtime.active:
-            return
-        self._end_queued = True
-        torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        began = steps.before_module_call(module)
+        try:
+            return inner(*args, **kwargs)
+        except BaseException:
+            steps.after_failed_module_call(began)
+            raise
 
-    def _after_backward(self) -> None:
-        runtime = self.runtime
-        if runtime is not None and runtime.active:
-            runtime.end_step()  # the mode and hooks stay on the stack, inert, until `pop_inert`
+    module._compiled_call_impl = call
+
+
+class _BackwardWrapper:
+    """While an implicit step is open on any thread, `torch.autograd.backward` and `grad` tell the caller's
+    thread when they return, so that a step ends with its backward pass, on the thread that ran it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._originals: dict[str, Any] = {}
+
+    def install(self) -> None:
+        with self._lock:
+            self._users += 1
+            if self._users > 1:
+                return
+            for name in ("backward", "grad"):
+                original = getattr(torch.autograd, name)
+                self._originals[name] = original
+                setattr(torch.autograd, name, _reporting(original))
+
+    def uninstall(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users > 0:
+                return
+            self._users = 0
+            for name, original in self._originals.items():
+                setattr(torch.autograd, name, original)
+            self._originals.clear()
+
+    def installed(self) -> bool:
+        return bool(self._originals)
+
+
+def _reporting(original: Any) -> Any:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if torch._C._current_graph_task_id() == -1:  # not a backward inside a backward
+                STEPS.here.after_backward_call()
+
+    wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapped.__doc__ = original.__doc__
+    wrapped.__name__ = original.__name__
+    return wrapped
+
+
+_BACKWARD_WRAPPER = _BackwardWrapper()
 
 
 def _runtime_settings() -> tuple:
@@ -178,17 +429,17 @@ def _runtime_settings() -> tuple:
     )
 
 
-STEPS = ImplicitSteps()  # process-wide, like the dispatch mode stack it manages
+STEPS = ImplicitSteps()  # process-wide; the state is per thread
 
 
 def finish_steps() -> None:
-    """End the running implicit step, if any, and take the runtime's dispatch mode and saved-tensor hooks off
-    this thread's stacks (otherwise done at the next optimizer step or compiled call): for code that trains a
-    compiled model without an optimizer and then runs other code."""
+    """End this thread's running implicit step, if any, and take the runtime's dispatch mode and saved-tensor
+    hooks off its stacks now. Steps end by themselves (see the module docstring); this is for code that wants
+    the state back at a point of its choosing."""
     STEPS.finish()
 
 
 def implicit_runtime() -> Runtime | None:
-    """The Runtime that runs the training steps of `torch.compile(backend="dtr")` models (None before the
-    first one); its `stats()` count what happened across compiled regions and the code between them."""
+    """The Runtime that runs this thread's training steps of `torch.compile(backend="dtr")` models (None
+    before the first one); its `stats()` count what happened across compiled regions and the code between."""
     return STEPS.runtime

@@ -178,6 +178,12 @@ class Runtime:
         installs them: `__enter__`, or the compiled path's implicit steps)."""
         if self._mode is not None:
             raise DTRError("this dtr_compile Runtime is already active; runtimes do not nest")
+        running = current_step()
+        if running is not None:
+            raise DTRError(
+                "another dtr_compile Runtime's step is running on this thread; runtimes do not nest: one budget "
+                "spans the whole step. Use one Runtime (compiled models called inside `with rt:` join its step)."
+            )
         self._calibrating = False
         self.failed = False
         self.engine.overrun_need = None
