@@ -32,9 +32,37 @@ def dtr_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
         raise TypeError(
             f"backend 'dtr' takes no options {sorted(kwargs)}; set dtr_compile.config.memory_budget / codegen instead"
         )
+    from .errors import DTRError
     from .region import Region
 
-    return Region(gm, example_inputs)
+    try:
+        return Region(gm, example_inputs)
+    except DTRError as error:
+        raise through_dynamo(error) from error
+
+
+def through_dynamo(error: BaseException) -> BaseException:
+    """`error` as an instance of a subclass of its own class that TorchDynamo lets pass unwrapped.
+
+    Dynamo wraps what a backend raises in `BackendCompilerFailed`, except its `ShortenTraceback` family; so
+    a BudgetError raised while compiling reaches `except dtr_compile.BudgetError` as a BudgetError (with its
+    attributes), not as a Dynamo error the user cannot act on."""
+    from torch._dynamo.exc import ShortenTraceback
+
+    cls = type(error)
+    if isinstance(error, ShortenTraceback):
+        return error
+    passing = _PASSING.get(cls)
+    if passing is None:
+        passing = _PASSING[cls] = type(cls.__name__, (cls, ShortenTraceback), {"__module__": cls.__module__})
+    wrapped = passing.__new__(passing)
+    wrapped.__dict__.update(error.__dict__)
+    wrapped.args = error.args
+    wrapped.first_useful_frame = None  # ShortenTraceback: keep the whole traceback
+    return wrapped
+
+
+_PASSING: dict[type, type] = {}
 
 
 # wrap(a part's graph, "forward" | "backward" | "inference"), called before the part is compiled (a code
