@@ -67,6 +67,12 @@ class ConstantRegistry:
         for handle in self._grad_hooks.values():
             handle.remove()
         self._grad_hooks.clear()
+        # Views of a parameter made anew each step (a transposed weight) leave dead entries in its value cache:
+        # drop them, or the cache grows by a few objects every step for as long as the Runtime lives.
+        for entry in list(self._entries.values()):
+            dead = [k for k, (ref, _) in entry.values.items() if ref() is None]
+            for k in dead:
+                del entry.values[k]
 
     def value_of(self, tensor: torch.Tensor) -> TensorValue:
         key = storage_key(tensor)
