@@ -1,0 +1,27 @@
+"""`backend="dtr"` with Inductor on a small transformer under a budget: the path through AOTAutograd, the
+partitioner, the planner and Inductor's scheduler that the compatibility stages of .ci/run must see compile
+and train on every supported torch (one block and no dropout, so that plain eager is the oracle and the
+compiles stay few)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ..e2e import compiled_models as models
+
+pytestmark = pytest.mark.compat
+
+
+def test_inductor_trains_a_small_transformer_under_a_budget() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(models.Block(64, 4, 0.0), torch.nn.Linear(64, 1))
+    inputs = (torch.randn(8, 32, 64),)
+    expected = models.eager_grads(model, inputs)
+    grads, measured, reports = models.run_step(model, inputs, 0.85, codegen="inductor", steps=1)
+    for name, want in expected.items():
+        torch.testing.assert_close(grads[name], want, rtol=1e-4, atol=1e-5, msg=name)
+    report = reports[-1]
+    assert report.planned_peak.peak_bytes <= report.target_bytes <= report.budget_bytes
+    assert report.planned_peak.peak_bytes < report.no_remat.peak_bytes  # the budget binds: something is recomputed
+    assert measured <= 1.05 * report.budget_bytes, (measured, report.budget_bytes)
