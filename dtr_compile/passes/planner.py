@@ -22,9 +22,14 @@ The search is greedy and follows the peak down:
         at equal peak, the memory above 97% of it) went down; otherwise try the cheapest one alone, and
         if that does not help either, never try it again.
 
-The steps do not depend on the budget, only on the plan so far: a tighter budget continues the same
-path further, so the planned peak never rises as the budget tightens, and the lowest peak on the path
-is the smallest budget this planner can meet (named by the BudgetError for a budget below it).
+Once the budget is met, `fill` spends what is left of it: dropped values are saved again, dearest recompute per
+byte first, while the plan still fits and recomputes less (the search starts from PyTorch's min-cut partition,
+whose recomputes of cheap values are not needed under a loose budget; tests/passes/test_ilp_oracle.py compares
+the result with an exact ILP).
+
+The search's steps do not depend on the budget, only on the plan so far: a tighter budget continues the
+same path further, and the lowest peak on the path is the smallest budget this planner can meet (named by
+the BudgetError for a budget below it). (`fill` depends on the budget: it only keeps the peak within it.)
 Values the cost pass marks non-recomputable are always saved; random ops are recomputed with their RNG
 state replayed (rewrite.py).
 """
@@ -232,6 +237,27 @@ class _Search:
                 self.banned.add(batch[0])
         return self.state
 
+    def fill(self, budget: int) -> _State:
+        """Spend the memory left under `budget` on saving again what is dearest to recompute.
+
+        The search only ever drops values, and it starts from the min-cut partition, which recomputes cheap
+        values whatever the budget. Once the budget is met, each dropped value, dearest recompute per byte
+        first, is saved again when the plan then still fits and recomputes less (an exact ILP found the
+        search recomputing 1.94x the optimum's time on a residual block, from min-cut's recomputes alone)."""
+        state = self.state
+        rows = []
+        for node in state.dropped:
+            freed = sum(self.facts.nbytes[k] for k in self.facts.own[node])
+            cost = self._recompute_cost(node, state.dropped, state.trace, fresh=True) or 0.0
+            rows.append((-cost / max(freed, 1), self.position[node], node))
+        rows.sort(key=lambda row: row[:2])
+        for _, _, node in rows:
+            new = self._evaluate(state.dropped - {node}, state.forget)
+            if new is not None and new.peak <= budget and new.trace.recompute_s < state.trace.recompute_s:
+                state = new
+        self.state = state
+        return state
+
 
 def _is_saved(facts: JointFacts, node: fx.Node, dropped: frozenset[fx.Node]) -> bool:
     """True when the backward can read `node` as the forward left it."""
@@ -295,6 +321,8 @@ def _plan(
         initial = frozenset(n for n in facts.candidates if n not in kept)
     search = _Search(facts, initial, inductor)
     state = search.state if budget_bytes is None else search.run(budget_bytes)
+    if budget_bytes is not None and state.peak <= budget_bytes:
+        state = search.fill(budget_bytes)
     trace = state.trace
     compute_s = sum(facts.cost[n].time_s for n in facts.forward + facts.backward)
     return Plan(
