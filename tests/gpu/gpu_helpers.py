@@ -56,12 +56,51 @@ def measured_step(model: nn.Module, step: Callable[[], Any], seed: int = 0) -> t
     return grads_of(model), measured.peak_bytes
 
 
-def warm_then_measure(model: nn.Module, step: Callable[[], Any], seed: int = 0) -> tuple[dict[str, torch.Tensor], int]:
-    """One warm-up step (compiles, for a compiled model), then `measured_step`."""
-    model.zero_grad(set_to_none=True)
-    torch.manual_seed(seed)
-    step()
+def warm_then_measure(
+    model: nn.Module, step: Callable[[], Any], seed: int = 0, warmups: int = 1
+) -> tuple[dict[str, torch.Tensor], int]:
+    """`warmups` unmeasured steps, then `measured_step`. A compiled model needs one to compile. Under a fractional
+    budget with `backend="dtr"` the first step calibrates (runs with no budget and measures the peak the fraction
+    is of) and the second compiles the plan for the budget, measuring candidates itself (on CUDA that resets the
+    allocator's peak, so it must not fall in the measured step); take three, so the measured step is a steady one."""
+    for _ in range(warmups):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(seed)
+        step()
     return measured_step(model, step, seed)
+
+
+class BreakingBlock(nn.Module):
+    """A pre-norm MLP block with a data-dependent branch that always goes the same way (its condition holds for
+    any input with a nonzero entry), so Dynamo breaks the graph in every block while eager and any code
+    generator take the same path: no rounding difference can flip it."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(self.norm(x))
+        if h.abs().amax() > 0:  # a tensor's value decides: a graph break
+            h = torch.nn.functional.gelu(h)
+        return x + self.down(h)
+
+
+def graph_break_model(blocks: int = 6, width: int = 256, tokens: int = 4096) -> tuple[nn.Module, torch.Tensor]:
+    """`blocks` BreakingBlocks and a head on CUDA, the model returning the loss, and its input."""
+    torch.manual_seed(0)
+
+    class WithLoss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.Sequential(*[BreakingBlock(width) for _ in range(blocks)])
+            self.head = nn.Linear(width, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.blocks(x)).square().mean()
+
+    x = torch.randn(tokens, width, generator=torch.Generator().manual_seed(1))
+    return WithLoss().to(CUDA).train(), x.to(CUDA)
 
 
 def gpt2_lm(layers: int = 4, width: int = 256, heads: int = 4, vocab: int = 1024, seq: int = 256, batch: int = 8,
