@@ -80,6 +80,9 @@ class StepScope:
         self._depth = len(_get_current_dispatch_mode_stack())
         self._keys = tuple(torch._C._dispatch_tls_is_dispatch_key_included(k) for k in _PYTHON_KEYS)
         runtime.begin_step()
+        # A step the budget cannot hold runs to its end (engine overrun mode); the wrapped backward then raises a
+        # BudgetError naming the budget the step needed (`ThreadSteps.budget_error`).
+        runtime.engine.overrun = True
         assert runtime._mode is not None and runtime._hooks is not None
         try:
             self._mode = runtime._mode
@@ -105,7 +108,11 @@ class StepScope:
         calibrating = runtime.calibrating
         failed = failed or runtime.failed
         runtime.index.on_empty = None
+        needed = runtime._overrun_bytes()
+        runtime.engine.overrun = False
         runtime.end_step(failed=failed)
+        if needed is not None and not failed:
+            self.steps.budget_error = runtime._overrun_error(needed, replanned=True)
         whole = self.backward_began and (self.outside or not self.steps.attachable(self.owner))
         if calibrating and not failed and whole:  # a step with its loss and backward seen: the fraction's reference
             self.steps.calibrations[self.owner] = runtime.reference_peak_bytes
@@ -168,6 +175,7 @@ class ThreadSteps:
         self.calibrations: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.leftover_modes: list[Any] = []  # modes of left scopes that were not on top when they left
         self.leftover_packs: list[Any] = []
+        self.budget_error: Exception | None = None  # of a step that ran over its budget, raised by the backward
 
     def attachable(self, owner: Any) -> bool:
         return isinstance(owner, torch.nn.Module)
@@ -237,11 +245,14 @@ class ThreadSteps:
             scope.leave(failed=True)
         self.pop_leftovers()
 
-    def after_backward_call(self) -> None:
-        """`torch.autograd.backward` or `grad` returned (or raised) on this thread."""
+    def after_backward_call(self) -> Exception | None:
+        """`torch.autograd.backward` or `grad` returned (or raised) on this thread; returns the BudgetError of a
+        step that ran over its budget and ended with this backward, for the caller to raise."""
         scope = self.scope
         if scope is not None and scope.stale() and scope.can_leave():
             scope.leave()
+        error, self.budget_error = self.budget_error, None
+        return error
 
     def on_backward_part(self, runtime: Runtime) -> None:
         """A backward pass runs inside a step (a compiled backward part, or the first op of the backward
@@ -401,11 +412,16 @@ class _BackwardWrapper:
 
 def _reporting(original: Any) -> Any:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
+        returned = False
         try:
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            returned = True
+            return result
         finally:
             if torch._C._current_graph_task_id() == -1:  # not a backward inside a backward
-                STEPS.here.after_backward_call()
+                error = STEPS.here.after_backward_call()
+                if error is not None and returned:
+                    raise error
 
     wrapped.__wrapped__ = original  # type: ignore[attr-defined]
     wrapped.__doc__ = original.__doc__

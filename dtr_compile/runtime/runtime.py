@@ -242,7 +242,9 @@ class Runtime:
             return None
         return max(engine.peak, engine.overrun_need) - self._step_start_memory
 
-    def _overrun_error(self, needed: int) -> BudgetError:
+    def _overrun_error(self, needed: int, *, replanned: bool = False) -> BudgetError:
+        """`replanned`: compiled regions are planned for the budget, so at another budget the step is not quite
+        the same program (its regions save and recompute other values) and may need a little more."""
         budget = self.budget_bytes
         hint = ""
         if isinstance(self.memory_budget, float) and self.reference_peak_bytes:  # rounded up: it must cover `needed`
@@ -251,7 +253,12 @@ class Runtime:
             f"memory budget {format_bytes(budget)} ({budget} bytes) is below what this step needs: "
             f"{self.engine.overrun_at}, and the step, finished "
             f"under the smallest budget that let each operation run, needed {format_bytes(needed)} above its start. "
-            f"Set memory_budget to at least {needed} bytes{hint} (this step runs at that budget).",
+            f"Set memory_budget to at least {needed} bytes{hint} "
+            + (
+                "(its compiled regions are planned anew for that budget: the step may need a little more)."
+                if replanned
+                else "(this step runs at that budget)."
+            ),
             budget_bytes=budget,
             smallest_feasible_bytes=needed,
             is_lower_bound=False,

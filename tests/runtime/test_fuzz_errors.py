@@ -11,6 +11,7 @@ eager's gradients.
 from __future__ import annotations
 
 import pytest
+import torch
 
 import dtr_compile
 
@@ -68,3 +69,26 @@ def test_a_fractional_budget_error_also_names_a_fraction_that_runs() -> None:
     result, _ = under_runtime(make_model, step, fraction, reference_peak_bytes=reference.peak_bytes)
     assert_same(result, reference)
     assert result.peak_bytes <= int(fraction * reference.peak_bytes)
+
+
+def test_a_compiled_step_over_budget_raises_from_backward_naming_a_budget_that_runs() -> None:
+    """backend="dtr" with graph breaks (implicit steps): the step runs to its end and `loss.backward()` raises
+    the BudgetError, naming what the step needed; it used to name the bound at the first op that did not fit."""
+    import copy
+
+    from .test_fuzz_budgets import BranchyModel, _compiled_steps
+
+    torch.manual_seed(0)
+    base = BranchyModel()
+    reference = _compiled_steps(copy.deepcopy(base), None, steps=1)
+    budget = int(0.5 * reference[-1][2])
+    with pytest.raises(dtr_compile.BudgetError) as info:
+        _compiled_steps(copy.deepcopy(base), budget, steps=1)
+    named = info.value.smallest_feasible_bytes
+    assert named is not None and named > budget and not info.value.is_lower_bound
+    assert str(named) in str(info.value)
+    results = _compiled_steps(copy.deepcopy(base), named, steps=1)
+    (loss, grads, peak), (ref_loss, ref_grads, _) = results[0], reference[0]
+    assert peak <= named and loss == pytest.approx(ref_loss, rel=1e-5)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
