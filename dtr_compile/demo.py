@@ -322,10 +322,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = device_from_args(parser, args.device)
     name = _choose_model(args.model, parser)
     torch.set_num_threads(args.threads)
-    if device.type == "cuda":
-        # TF32 matmuls would make every way's losses differ from each other's in the 3rd digit.
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
     from .bench.models import build_model
 
     case = build_model(name, args.size)
