@@ -43,7 +43,7 @@ import weakref
 from typing import Any
 
 import torch
-from torch._C._dynamo.eval_frame import get_eval_frame_callback
+import torch._dynamo.eval_frame
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _get_current_dispatch_mode_stack, _pop_mode
 
@@ -53,9 +53,22 @@ from .runtime import Runtime, current_step
 _PYTHON_KEYS = (torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnapshot)
 
 
+_EVAL_FRAME_FILE = torch._dynamo.eval_frame.__file__
+_GUARDING_FUNCTIONS = frozenset({"_fn", "compile_wrapper"})  # run a compiled frame inside a dispatch-key guard
+
+
 def _inside_compiled_frame() -> bool:
-    """Is a TorchDynamo-run frame on the stack (whose guard restores the dispatch keys when it returns)?"""
-    return get_eval_frame_callback() is not None
+    """Is a call of a TorchDynamo-compiled frame on the Python stack? Its guard restores, when it returns, the
+    dispatch keys enabled when it began, so a mode pushed before it must not be popped inside it. (Dynamo's
+    eval-frame callback cannot tell: it is unset while compiled code and graph-break code run.) Walks the
+    stack: only on a step's rare exits, never per operation."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in _GUARDING_FUNCTIONS and code.co_filename == _EVAL_FRAME_FILE:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class StepScope:
@@ -139,6 +152,21 @@ class StepScope:
             self._pop()
             _BACKWARD_WRAPPER.uninstall()
 
+    def abandon(self) -> None:
+        """End the step where its scope cannot be left (inside Dynamo's guard): its mode and hooks, inert,
+        are popped at the next point where they can be (`ThreadSteps.pop_leftovers`)."""
+        if self.left:
+            return
+        try:
+            self.end_runtime_step(failed=True)
+        finally:
+            self.left = True
+            if self.steps.scope is self:
+                self.steps.scope = None
+            self.steps.leftover_modes.append(self._mode)
+            self.steps.leftover_packs.append(self._pack)
+            _BACKWARD_WRAPPER.uninstall()
+
     def _pop(self) -> None:
         top = torch._C._autograd._top_saved_tensors_default_hooks(True)
         if top is not None and top[0] is self._pack:
@@ -204,8 +232,8 @@ class ThreadSteps:
 
     def begin(self, owner: Any, *, outside: bool) -> Runtime:
         self.close_stale()
-        if self.scope is not None and not self.scope.left:  # ended but not yet off the stack (inside a guard)
-            self.scope.end_runtime_step(failed=True)
+        if self.scope is not None:  # ended, but could not come off the stack here (inside Dynamo's guard)
+            self.scope.abandon()
         runtime = self.prospective_runtime()
         scope = StepScope(self, runtime, owner, outside=outside)
         scope.enter()
@@ -224,10 +252,14 @@ class ThreadSteps:
 
     def pop_leftovers(self) -> None:
         """Pop modes and hooks of left scopes that were not on top of the stacks when they left."""
+        if not (self.leftover_modes or self.leftover_packs):
+            return
         if torch._C._current_graph_task_id() != -1 or _inside_compiled_frame():
             return
+        popped = False
         while self.leftover_modes and _get_current_dispatch_mode() in self.leftover_modes:
             self.leftover_modes.remove(_pop_mode())
+            popped = True
         while self.leftover_packs:
             top = torch._C._autograd._top_saved_tensors_default_hooks(True)
             if top is None or top[0] not in self.leftover_packs:
@@ -236,8 +268,9 @@ class ThreadSteps:
             self.leftover_packs.remove(top[0])
         if not _get_current_dispatch_mode_stack():
             self.leftover_modes.clear()
-            for key in _PYTHON_KEYS:
-                torch._C._dispatch_tls_set_dispatch_key_included(key, False)
+            if popped:  # an empty mode stack with the Python key on fails the next eager op
+                for key in _PYTHON_KEYS:
+                    torch._C._dispatch_tls_set_dispatch_key_included(key, False)
 
     def finish(self) -> None:
         scope = self.scope
@@ -251,6 +284,8 @@ class ThreadSteps:
         scope = self.scope
         if scope is not None and scope.stale() and scope.can_leave():
             scope.leave()
+        if self.leftover_modes or self.leftover_packs:
+            self.pop_leftovers()
         error, self.budget_error = self.budget_error, None
         return error
 

@@ -145,8 +145,11 @@ def test_compiled_fx_fault_restores_the_process(stage: str, monkeypatch) -> None
         def step(x):
             compiled(x).sum().backward()
 
-        step(_data())  # the first step compiles (and calibrates a fraction)
+        step(_data())  # the first step compiles (and begins inside Dynamo's frame)
         assert_restored(before, "after the first step")
+        if not fraction:
+            step(_data())  # later steps begin outside the frame, in the module's call
+            assert_restored(before, "after the second step")
         # The calibration step of a fraction is the first whole one (the first began inside Dynamo's frame).
         _inject("loss" if fraction else stage, model, compiled, _data(), monkeypatch=monkeypatch)
         assert_restored(before, f"after a {stage} fault under backend='dtr' (fx)")
@@ -169,6 +172,7 @@ def test_compiled_inductor_faults_restore_the_process(monkeypatch) -> None:
         def step(x):
             compiled(x).sum().backward()
 
+        step(_data())
         step(_data())
         # The forward stage last: the model's flag changes Dynamo's guards, and the frame is compiled again.
         for stage in sorted(STAGES, key=lambda s: s == "forward"):

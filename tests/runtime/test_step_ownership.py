@@ -99,3 +99,34 @@ def test_a_budget_error_while_compiling_is_a_budget_error() -> None:
         torch.compile(model, backend="dtr")(torch.randn(128, 32)).sum().backward()
     assert caught.value.smallest_feasible_bytes is not None and caught.value.smallest_feasible_bytes > 100
     assert "Raise" in str(caught.value)
+
+
+class _ScalarMidway(nn.Module):
+    """A forward that reads a scalar off its first part and drops every tensor of the step before the rest:
+    the step's tensors all die inside the compiled module's call, where its scope cannot come off the stack."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = _mlp(64, 0), _mlp(64, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = float(self.a(x).sum().item())  # a graph break; the region's outputs die here
+        return self.b(x * (1.0 + 1e-3 * scale))
+
+
+def test_a_step_whose_tensors_die_midway_leaves_nothing() -> None:
+    torch._dynamo.reset()
+    model = _ScalarMidway()
+    reference = copy.deepcopy(model)
+    x = torch.randn(64, 32)
+    reference(x).sum().backward()
+    before = snapshot()
+    with dtr_compile.config.patch(memory_budget="1MB", codegen="fx"):
+        compiled = torch.compile(model, backend="dtr")
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            compiled(x).sum().backward()
+            assert_restored(before, "after a step whose tensors died midway")
+    for got, want in zip(model.parameters(), reference.parameters()):
+        if want.grad is not None:
+            torch.testing.assert_close(got.grad, want.grad)
