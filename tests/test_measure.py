@@ -18,7 +18,9 @@ from dtr_compile.measure import (
     add_device_argument,
     default_device,
     device_from_args,
+    device_name,
     measure_peak,
+    move_to,
     resolve_device,
     synchronize,
 )
@@ -134,3 +136,14 @@ def test_synchronize_is_a_no_op_on_cpu(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "synchronize", fail)
     synchronize("cpu")
+
+
+def test_move_to_moves_every_tensor_in_nested_batches():
+    batch = ((torch.ones(2), [torch.zeros(1), 3]), {"y": torch.ones(1)})
+    moved = move_to(batch, "meta")
+    assert moved[0][0].device.type == "meta" and moved[0][1][0].device.type == "meta" and moved[0][1][1] == 3
+    assert moved[1]["y"].device.type == "meta" and isinstance(moved[0][1], list)
+
+
+def test_device_name_names_the_cpu_and_its_cores():
+    assert "cores)" in device_name("cpu")
