@@ -86,6 +86,7 @@ class StepScope:
         self._pack: Any = None
         self._depth = 0
         self._keys: tuple[bool, ...] = ()
+        self._wrapped_backward = False  # this scope counts as a user of the backward wrapper
 
     def enter(self) -> None:
         runtime = self.runtime
@@ -104,6 +105,7 @@ class StepScope:
             self._pack = torch._C._autograd._top_saved_tensors_default_hooks(True)[0]
             runtime.index.on_empty = self._on_empty
             _BACKWARD_WRAPPER.install()
+            self._wrapped_backward = True
         except BaseException:
             self.leave(failed=True)
             raise
@@ -150,7 +152,7 @@ class StepScope:
             if self.steps.scope is self:
                 self.steps.scope = None
             self._pop()
-            _BACKWARD_WRAPPER.uninstall()
+            self._unwrap_backward()
 
     def abandon(self) -> None:
         """End the step where its scope cannot be left (inside Dynamo's guard): its mode and hooks, inert,
@@ -165,6 +167,11 @@ class StepScope:
                 self.steps.scope = None
             self.steps.leftover_modes.append(self._mode)
             self.steps.leftover_packs.append(self._pack)
+            self._unwrap_backward()
+
+    def _unwrap_backward(self) -> None:
+        if self._wrapped_backward:
+            self._wrapped_backward = False
             _BACKWARD_WRAPPER.uninstall()
 
     def _pop(self) -> None:
