@@ -23,8 +23,10 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-@pytest.mark.compat
-@pytest.mark.parametrize("name", sorted(CASES))
+# The compatibility stages of .ci/run run the MLP and GPT-2 (a small transformer from `transformers`).
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.compat) if n in ("gpt2", "mlp") else n for n in sorted(CASES)]
+)
 def test_gradients_and_peak_under_budgets(name: str) -> None:
     model, inputs = getattr(models, name)()
     reference, _, reports = models.run_step(model, inputs, None)

@@ -19,8 +19,12 @@ CASES = {
 }
 
 
-@pytest.mark.compat
-@pytest.mark.parametrize("case", sorted(CASES))
+# The compatibility stages of .ci/run run the cases that reach the most of torch (transformers' GPT-2, dropout,
+# BatchNorm's in-place running statistics, views and in-place writes).
+COMPAT = ("cnn_batchnorm", "gpt2_transformers", "transformer_dropout", "views_inplace")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.compat) if c in COMPAT else c for c in sorted(CASES)])
 def test_matches_eager_within_budget(case: str) -> None:
     make_model, step, fractions = CASES[case]
     check_budgets(make_model, step, fractions)
