@@ -115,10 +115,15 @@ class Infeasible(Exception):
 
 
 def build_trace(
-    facts: JointFacts, dropped: set[fx.Node], forget: frozenset[tuple[fx.Node, int]] = frozenset()
+    facts: JointFacts,
+    dropped: set[fx.Node],
+    forget: frozenset[tuple[fx.Node, int]] = frozenset(),
+    hoist: frozenset[tuple[fx.Node, int]] = frozenset(),
 ) -> Trace:
     """The schedule of the joint graph when the forward does not save `dropped`.
 
+    `hoist`: (value, i) pairs: recompute `value` (if it is not available then) before the i-th backward op
+    rather than right before its first use: earlier, where less memory is live.
     `forget`: (value, i) pairs: before the i-th backward op, the recomputed copy of `value` (and the
     recomputed copies it was made from) are given up, so that the next op that needs it recomputes it
     again (each copy is freed after its last use before that).
@@ -129,6 +134,9 @@ def build_trace(
     forget_before: dict[int, list[fx.Node]] = {}
     for node, index in sorted(forget, key=lambda item: (item[1], facts.position[item[0]])):
         forget_before.setdefault(index, []).append(node)
+    hoist_before: dict[int, list[fx.Node]] = {}
+    for node, index in sorted(hoist, key=lambda item: (item[1], facts.position[item[0]])):
+        hoist_before.setdefault(index, []).append(node)
 
     def is_available(node: fx.Node) -> bool:
         """A forward value the backward can read as the forward left it."""
@@ -177,6 +185,8 @@ def build_trace(
     for index, node in enumerate(facts.backward):
         for gone in forget_before.get(index, ()):
             give_up(gone)
+        for early in hoist_before.get(index, ()):
+            ensure(early, index)
         for arg in facts.inputs[node]:
             ensure(arg, index)
         ops.append(Emitted(node, 0, tuple((a, version.get(a, 0)) for a in facts.inputs[node])))
