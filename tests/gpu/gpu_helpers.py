@@ -3,7 +3,7 @@
 Every test module here sets `pytestmark = GPU`: marked `gpu` (deselected by default; run them with
 `pytest -m gpu tests/gpu`) and skipped, saying why, where `torch.cuda.is_available()` is False. Nothing here
 needs more than torch 2.11 (the lent GPU machines carry 2.11.0+cu130, Triton 3.6, transformers 5.x and no
-network): models are built from configs with random weights.
+network): models are built in code with random weights.
 
 Peaks are `dtr_compile.measure.measure_peak(step, "cuda")`: `max_memory_allocated` above the bytes allocated
 when the step began, after `reset_peak_memory_stats` (DESIGN.md). A warm-up step runs first everywhere, so
@@ -14,7 +14,9 @@ the caching allocator rounds every block up to 512 bytes, which the budget's acc
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,9 @@ import torch
 from torch import nn
 
 from dtr_compile.measure import measure_peak
+
+# The models of the CPU kernel tests (tests/kernels/kernel_harness.py) are shared with these.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 
 CUDA = torch.device("cuda")
 GPU = [
@@ -103,26 +108,23 @@ def graph_break_model(blocks: int = 6, width: int = 256, tokens: int = 4096) -> 
     return WithLoss().to(CUDA).train(), x.to(CUDA)
 
 
-def gpt2_lm(layers: int = 4, width: int = 256, heads: int = 4, vocab: int = 1024, seq: int = 256, batch: int = 8,
-            dropout: float = 0.0) -> tuple[nn.Module, torch.Tensor]:  # fmt: skip
-    """A GPT-2 language model from `transformers` (its real attention, GELU and loss code) with random weights,
-    on CUDA, and a batch of token ids; the model returns the loss."""
-    transformers = pytest.importorskip("transformers", reason="the GPT-2 tests need transformers")
-    transformers.utils.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=seq,
-        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
-    )  # fmt: skip
-    inner = transformers.GPT2LMHeadModel(config)
+def gpt2_style(
+    layers: int = 4, dim: int = 256, batch: int = 8, seq: int = 256, dropout: float = 0.0
+) -> tuple[nn.Module, torch.Tensor]:
+    """A GPT-2-style stack on CUDA (tests/kernels' GPT2Block: pre-norm causal self-attention with attention and
+    residual dropout, GELU MLP) and its input; the model returns the loss."""
+    from kernel_harness import GPT2Block
 
-    class LossOnly(nn.Module):
+    torch.manual_seed(0)
+
+    class WithLoss(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.inner = inner
+            self.blocks = nn.Sequential(*[GPT2Block(dim, 4, dropout) for _ in range(layers)])
+            self.head = nn.Linear(dim, 1)
 
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.inner(input_ids=ids, labels=ids).loss
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.blocks(x)).square().mean()
 
-    ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
-    return LossOnly().to(CUDA).train(), ids.to(CUDA)
+    x = torch.randn(batch, seq, dim, generator=torch.Generator().manual_seed(1))
+    return WithLoss().to(CUDA).train(), x.to(CUDA)

@@ -1,5 +1,5 @@
-"""`torch.compile(model, backend="dtr")` on CUDA: Inductor on a GPT-2 under budgets of 0.5 and 0.3, dropout
-replayed under Inductor, and a model with graph breaks under one budget.
+"""`torch.compile(model, backend="dtr")` on CUDA: Inductor on a GPT-2-style model under budgets of 0.5 and 0.3,
+dropout replayed under Inductor, and a model with graph breaks under one budget.
 
 As users write it: `torch.compile(model, backend="dtr")` under `dtr_compile.config.patch(...)`. A fractional
 budget is of the peak the same step reaches compiled with no budget (DESIGN.md): the first step calibrates it,
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import GPU, SLACK, assert_grads_close, gpt2_lm, graph_break_model, warm_then_measure
+from gpu_helpers import GPU, SLACK, assert_grads_close, gpt2_style, graph_break_model, warm_then_measure
 
 import dtr_compile
 from dtr_compile.runtime.implicit import implicit_runtime
@@ -20,11 +20,11 @@ pytestmark = GPU
 
 @pytest.mark.parametrize("fraction", [0.5, 0.3])
 def test_inductor_gpt2_holds_the_budget_with_eager_gradients(fraction: float) -> None:
-    model, ids = gpt2_lm()  # dropout off: plain eager is the oracle
-    eager, _ = warm_then_measure(model, lambda: model(ids).backward())
+    model, x = gpt2_style()  # dropout off: plain eager is the oracle
+    eager, _ = warm_then_measure(model, lambda: model(x).backward())
     with dtr_compile.config.patch(memory_budget=fraction, codegen="inductor"):
         compiled = torch.compile(model, backend="dtr")
-        grads, peak = warm_then_measure(model, lambda: compiled(ids).backward(), warmups=3)
+        grads, peak = warm_then_measure(model, lambda: compiled(x).backward(), warmups=3)
     stats = implicit_runtime().stats()
     assert not stats.calibrating and stats.budget_bytes is not None, stats
     assert_grads_close(grads, eager, rtol=1e-3)  # Inductor reorders fp32 reductions
@@ -34,15 +34,15 @@ def test_inductor_gpt2_holds_the_budget_with_eager_gradients(fraction: float) ->
 def test_inductor_dropout_recompute_replays_the_masks() -> None:
     """With Inductor drawing from the eager generator (fallback_random), the budgeted step must draw the masks the
     unbudgeted one draws: recomputed dropouts replay the CUDA generator state of their first run."""
-    model, ids = gpt2_lm(layers=2, dropout=0.2)
+    model, x = gpt2_style(layers=2, dropout=0.2)
     with torch._inductor.config.patch(fallback_random=True), dtr_compile.config.patch(codegen="inductor"):
         with dtr_compile.config.patch(memory_budget=None):
             compiled = torch.compile(model, backend="dtr")
-            reference, _ = warm_then_measure(model, lambda: compiled(ids).backward(), seed=3)
+            reference, _ = warm_then_measure(model, lambda: compiled(x).backward(), seed=3)
         torch._dynamo.reset()
         with dtr_compile.config.patch(memory_budget=0.5):
             compiled = torch.compile(model, backend="dtr")
-            grads, _ = warm_then_measure(model, lambda: compiled(ids).backward(), seed=3, warmups=3)
+            grads, _ = warm_then_measure(model, lambda: compiled(x).backward(), seed=3, warmups=3)
     stats = implicit_runtime().stats()
     assert not stats.calibrating and stats.budget_bytes is not None, stats
     assert_grads_close(grads, reference, rtol=1e-3)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
-from pathlib import Path
 
 import torch
 from gpu_helpers import CUDA, GPU, SLACK, assert_grads_close, measured_step, warm_then_measure
+from kernel_harness import gpt2_blocks, mlp  # the CPU kernel tests' models (gpu_helpers puts them on the path)
 
 import dtr_compile
 from dtr_compile.backend import make_backend
@@ -22,9 +21,6 @@ from dtr_compile.bench.dynamic_models import build_dynamic
 from dtr_compile.kernels import draw_seed, dropout_kernel, launch
 from dtr_compile.measure import move_to
 from dtr_compile.runtime.implicit import implicit_runtime
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
-from kernel_harness import gpt2_blocks, mlp  # the CPU kernel tests' models
 
 pytestmark = GPU
 
