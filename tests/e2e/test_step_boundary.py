@@ -44,6 +44,9 @@ def _run(case, model, *, check_state: bool):
     return results
 
 
+# ~3 min on 2 cores: out of CI, where tests/e2e/test_handoff.py runs the same models and budgets with a plain
+# backward loop, and tests/runtime/test_fault_matrix.py checks the state a plain loop leaves on a graph-break model.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["treelstm", "transformer_branch", "moe"])
 def test_a_plain_backward_loop_holds_the_budget_and_leaves_nothing(name: str) -> None:
     case = build_dynamic(name, "test")
