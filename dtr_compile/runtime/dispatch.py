@@ -11,10 +11,13 @@ One generic path serves every op (no list of wrappers), on the program's own pla
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch._C import DispatchKey
+from torch._prims import rng_prims
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..roofline import estimate_call
@@ -61,6 +64,22 @@ class DTRMode(TorchDispatchMode):
         except BaseException:
             runtime.failed = True
             raise
+
+
+# The RNG wrappers the compiled path puts around recomputed random ops (passes/rewrite.py) are higher-order ops:
+# where compiled code runs op by op under the mode (a part that does not fit as one operation: compiled_ops.py),
+# torch hands them to the mode on top of the stack, which needs a rule for each (torch raises otherwise, on every
+# supported release). The rule runs the wrapper's own device kernel (save the generator state or set it, run
+# the op, restore it) with the mode back on the stack, so the wrapped op is a random operation of the runtime
+# like any other: its recipe captures the generator state the wrapper set, and a recompute replays it.
+def _wrapper_under_mode(hop: Any, mode: DTRMode, *args: Any, **kwargs: Any) -> Any:
+    with mode:
+        return hop.py_kernels[DispatchKey.BackendSelect](*args, **kwargs)
+
+
+for _hop in (rng_prims.run_and_save_rng_state, rng_prims.run_with_rng_state):
+    if DTRMode not in _hop.python_key_table:  # registered once per process (py_impl refuses a second rule)
+        _hop.py_impl(DTRMode)(functools.partial(_wrapper_under_mode, _hop))
 
 
 # Ops that return a new tensor on their argument's storage and touch no data. AOTAutograd and the autograd
