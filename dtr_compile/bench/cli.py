@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..measure import add_device_argument, device_from_args
 from .grid import Grid
-from .methods import METHODS
+from .methods import FRONTIER_ONLY, METHODS
 from .models import MODELS, SIZES
 from .report import RUN_INFO, markdown_table, regenerate, write_csv
 from .runner import run_grid
@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         "fraction of saved bytes);\neager and checkpoint ignore budgets and run once.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--frontier", action="store_true",
+                   help="issue 17's frontier against torch.compile (its own flags: python -m dtr_compile.bench "
+                   "--frontier --help)")  # fmt: skip
     p.add_argument("--quick", action="store_true",
                    help=f"small grid: models {' '.join(QUICK_MODELS)}, budgets {' '.join(map(str, QUICK_BUDGETS))}, "
                    "quick sizes, Inductor methods on mlp at 0.5 only, on treelstm only backend=\"dtr\" (fx) of the compiled methods, 2 jobs on cpu, "
@@ -92,7 +95,8 @@ def parse_grid(argv: Sequence[str] | None = None) -> tuple[Grid, argparse.Namesp
     parser = build_parser()
     args = parser.parse_args(argv)
     models = _names(parser, "--models", args.models, MODELS, QUICK_MODELS if args.quick else MODELS)
-    methods = _names(parser, "--methods", args.methods, tuple(METHODS), tuple(METHODS))
+    default_methods = tuple(m for m in METHODS if m not in FRONTIER_ONLY)  # those run with --frontier
+    methods = _names(parser, "--methods", args.methods, tuple(METHODS), default_methods)
     budgets = _budgets(parser, args.budgets, QUICK_BUDGETS if args.quick else DEFAULT_BUDGETS)
     args.device = str(device_from_args(parser, args.device))  # children get "cpu", "cuda" or "cuda:N"
     if args.threads < 1:
@@ -166,6 +170,11 @@ def _write_tracebacks(rows: Sequence[dict], path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if "--frontier" in given:  # a mode with its own grid and flags (frontier.py)
+        from .frontier import main as frontier_main
+
+        return frontier_main([a for a in given if a != "--frontier"])
     grid, args = parse_grid(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

@@ -12,10 +12,20 @@ from dataclasses import dataclass, field
 
 from .methods import BASELINE, METHODS
 
+AUTOCAST = ("bf16",)  # what may follow "+" in a model key: "gpt2+bf16" is GPT-2 under bf16 autocast
+
+
+def split_model_key(key: str) -> tuple[str, str | None]:
+    """("gpt2", None) for "gpt2", ("gpt2", "bf16") for "gpt2+bf16": the model and its autocast dtype."""
+    name, _, dtype = key.partition("+")
+    if dtype and dtype not in AUTOCAST:
+        raise ValueError(f"model key {key!r}: unknown autocast dtype {dtype!r}; expected one of {', '.join(AUTOCAST)}")
+    return name, dtype or None
+
 
 @dataclass(frozen=True)
 class Grid:
-    models: Sequence[str]
+    models: Sequence[str]  # model keys: a model name, optionally "+bf16" (autocast); each has its own baseline
     methods: Sequence[str]
     budgets: Sequence[float]  # fractions of plain eager's measured peak
     size: str = "quick"
@@ -35,13 +45,16 @@ class Grid:
     # Per-method restrictions (the --quick grid compiles Inductor only once or twice): the models a method
     # runs on, and the budgets it runs at. A method absent from a mapping runs on all of them.
     only_models: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    only_budgets: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    only_budgets: Mapping[str, Sequence[float | None]] = field(default_factory=dict)
+    # The method every ratio, byte budget and gradient comparison refers to (the frontier uses "compile").
+    baseline: str = BASELINE
 
     def runs_for(self, model: str) -> list[tuple[str, float | None]]:
         """(method, budget) pairs of one model, baseline first; budget-independent methods run once."""
-        pairs: list[tuple[str, float | None]] = [(BASELINE, None)]
+        pairs: list[tuple[str, float | None]] = [(self.baseline, None)]
+        name = split_model_key(model)[0]
         for method in self.methods:
-            if method == BASELINE or model not in self.only_models.get(method, [model]):
+            if method == self.baseline or name not in self.only_models.get(method, [name]):
                 continue
             if METHODS[method].uses_budget:
                 pairs.extend((method, b) for b in self.only_budgets.get(method, self.budgets))

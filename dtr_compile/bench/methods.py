@@ -69,13 +69,13 @@ def _checkpoint(case: BenchCase, budget: Budget, batch: Any) -> Step:
     return functools.partial(_forward_backward, case.model, case, batch)
 
 
-def _checkpoint_module(block: nn.Module) -> None:
+def _checkpoint_module(block: nn.Module, **checkpoint_kwargs: Any) -> None:
     # Replacing the instance's `forward` keeps the module where it is (HF models index their layers),
     # and `nn.Module.__call__` still runs hooks outside the checkpoint.
     inner = block.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        return torch.utils.checkpoint.checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        return torch.utils.checkpoint.checkpoint(inner, *args, use_reentrant=False, **checkpoint_kwargs, **kwargs)
 
     block.forward = forward
 
@@ -93,6 +93,45 @@ def _amb(backend: str) -> Callable[[BenchCase, Budget, Any], Step]:
         return functools.partial(_forward_backward, compiled, case, batch)
 
     return prepare
+
+
+def _compile(case: BenchCase, budget: Budget, batch: Any) -> Step:
+    """torch.compile with Inductor and nothing else: the frontier's reference point (issue 17)."""
+    return functools.partial(_forward_backward, torch.compile(case.model), case, batch)
+
+
+def _hf_checkpoint_compile(case: BenchCase, budget: Budget, batch: Any) -> Step:
+    """What a `transformers` user writes: `model.gradient_checkpointing_enable()`, then torch.compile."""
+    hf = getattr(case.model, "hf", None)
+    if hf is None or not getattr(hf, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{case.name} is not a transformers model with gradient checkpointing; use gpt2 or llama")
+    # Non-reentrant: the reentrant autograd.Function breaks Dynamo's graph at every block.
+    hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return functools.partial(_forward_backward, torch.compile(case.model), case, batch)
+
+
+# Matmul-like and attention ops: expensive to recompute, cheap to store next to the pointwise ops around them.
+_SAVE_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_cudnn_attention")  # fmt: skip
+
+
+def save_matmuls_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Selective activation checkpointing: save matmul and attention outputs, recompute the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    saved = {getattr(torch.ops.aten, name).default for name in _SAVE_OPS if hasattr(torch.ops.aten, name)}
+    return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _sac_compile(case: BenchCase, budget: Budget, batch: Any) -> Step:
+    """Per-block selective activation checkpointing with the save-matmuls policy, then torch.compile."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    context_fn = functools.partial(create_selective_checkpoint_contexts, save_matmuls_policy)
+    for block in case.model.blocks:
+        _checkpoint_module(block, context_fn=context_fn)
+    return functools.partial(_forward_backward, torch.compile(case.model), case, batch)
 
 
 def _dtr_runtime(case: BenchCase, budget: Budget, batch: Any) -> Step:
@@ -145,6 +184,9 @@ METHODS: dict[str, Method] = {
     for m in (
         Method("eager", "plain eager (baseline)", False, False, _eager),
         Method("checkpoint", "torch.utils.checkpoint per block", False, False, _checkpoint),
+        Method("compile", "torch.compile (Inductor)", False, True, _compile),
+        Method("hf_ckpt_compile", "HF gradient checkpointing + compile", False, True, _hf_checkpoint_compile),
+        Method("sac_compile", "selective checkpointing (save matmuls) + compile", False, True, _sac_compile),
         Method("amb_inductor", "activation_memory_budget, Inductor", True, True, _amb("inductor")),
         Method("amb_aot_eager", "activation_memory_budget, aot_eager", True, True, _amb("aot_eager")),
         Method("dtr_eager", "DTR eager runtime", True, False, _dtr_runtime),
@@ -153,6 +195,9 @@ METHODS: dict[str, Method] = {
     )
 }
 BASELINE = "eager"
+# The frontier's own methods (frontier.py): compiled with Inductor, one compile each. The general bench runs them
+# only when --methods names them, so --quick keeps its few compiles.
+FRONTIER_ONLY = ("compile", "hf_ckpt_compile", "sac_compile")
 
 
 def get_method(name: str) -> Method:

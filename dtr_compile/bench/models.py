@@ -207,6 +207,20 @@ def _bert(size: str, batch: int, seq: int, width: int, layers: int, heads: int, 
     return BenchCase("bert", size, model, _token_batch(batch, seq, vocab), _token_loss, desc)
 
 
+def _llama(size: str, batch: int, seq: int, width: int, layers: int, heads: int, vocab: int) -> BenchCase:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=width, intermediate_size=4 * width, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=seq,
+        attention_dropout=0.0, use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    hf = LlamaForCausalLM(config)
+    model = HFLanguageModel(hf, "model.layers")
+    desc = f"{layers} layers, width {width}, seq {seq}, batch {batch}"
+    return BenchCase("llama", size, model, _token_batch(batch, seq, vocab), _token_loss, desc)
+
+
 # -------------------------------------------------------------------------------------- TreeLSTM
 
 
@@ -362,6 +376,13 @@ def _lstm(size: str, batch: int, seq: int, hidden: int, layers: int) -> BenchCas
 
 # ------------------------------------------------------------------------------------------ registry
 
+# The frontier's sizes (issue 17, `python -m dtr_compile.bench --frontier`), GPT-2 and Llama only: "small" is the
+# CPU stand-in, "124m" GPT-2 124M's shape (12 x 768, seq 1024, batch 8, vocab 8192) for the GPU.
+_FRONTIER_SIZES = {
+    "small": {"batch": 4, "seq": 256, "width": 256, "layers": 8, "heads": 4, "vocab": 2048},
+    "124m": {"batch": 8, "seq": 1024, "width": 768, "layers": 12, "heads": 12, "vocab": 8192},
+}
+
 # Sizes per model. "quick" keeps a one-thread CPU step around 30-70 ms so the --quick grid fits in minutes;
 # "full" is about a second per step on one CPU thread (a few minutes per run with compiles).
 _BUILDERS: dict[str, tuple[Callable[..., BenchCase], dict[str, dict[str, int]]]] = {
@@ -379,6 +400,13 @@ _BUILDERS: dict[str, tuple[Callable[..., BenchCase], dict[str, dict[str, int]]]]
         "tiny": {"batch": 2, "seq": 8, "width": 16, "layers": 2, "heads": 2, "vocab": 64},
         "quick": {"batch": 8, "seq": 64, "width": 128, "layers": 4, "heads": 4, "vocab": 1024},
         "full": {"batch": 8, "seq": 256, "width": 256, "layers": 6, "heads": 4, "vocab": 8192},
+        **_FRONTIER_SIZES,
+    }),
+    "llama": (_llama, {
+        "tiny": {"batch": 2, "seq": 8, "width": 16, "layers": 2, "heads": 2, "vocab": 64},
+        "quick": {"batch": 8, "seq": 64, "width": 128, "layers": 4, "heads": 4, "vocab": 1024},
+        "full": {"batch": 8, "seq": 256, "width": 256, "layers": 6, "heads": 4, "vocab": 8192},
+        **_FRONTIER_SIZES,
     }),
     "bert": (_bert, {
         "tiny": {"batch": 2, "seq": 8, "width": 16, "layers": 2, "heads": 2, "vocab": 64},

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from .grid import Grid
-from .methods import BASELINE, METHODS
+from .grid import Grid, split_model_key
+from .methods import METHODS
 from .spec import RESULT_KEY, RunSpec
 
 Progress = Callable[[str], None]
@@ -71,7 +71,7 @@ class _Scheduler:
         for index in list(self.pending):
             model, method, budget = self.plan[index]
             baseline = self.baselines.get(model)
-            if method != BASELINE and baseline is None:
+            if method != self.grid.baseline and baseline is None:
                 continue  # waits for its model's baseline
             spec = _spec(self.grid, model, method, budget, baseline, str(self.workdir / f"reference-{model}.pt"))
             if baseline is not None and baseline["status"] != "ok":
@@ -87,7 +87,7 @@ class _Scheduler:
 
     def _finish(self, index: int, row: Row) -> None:
         model, method, _ = self.plan[index]
-        if method == BASELINE:
+        if method == self.grid.baseline:
             self.baselines[model] = row
         _add_ratios(row, self.baselines.get(model), self.grid.clock)
         self.rows[index] = row
@@ -105,10 +105,11 @@ def _spec(grid: Grid, model: str, method: str, budget: float | None, baseline: R
     budget_bytes = None
     if budget is not None and baseline is not None and baseline.get("peak_bytes"):
         budget_bytes = max(1, int(budget * baseline["peak_bytes"]))
+    name, autocast = split_model_key(model)
     return RunSpec(
-        model=model, size=grid.size, method=method, budget=budget, budget_bytes=budget_bytes,
+        model=name, size=grid.size, method=method, budget=budget, budget_bytes=budget_bytes,
         device=grid.device, threads=grid.threads, warmup=grid.warmup, steps=grid.steps, seed=grid.seed,
-        reference=ref, write_reference=(method == BASELINE),
+        reference=ref, write_reference=(method == grid.baseline), autocast=autocast,
     )  # fmt: skip
 
 
@@ -176,7 +177,8 @@ def _parse_result(stdout: str) -> Row | None:
 
 def _row(spec: RunSpec, result: Row, wall_s: float = 0.0) -> Row:
     row: Row = {
-        "model": spec.model, "size": spec.size, "method": spec.method, "budget": spec.budget,
+        "model": spec.model, "dtype": spec.autocast or "fp32", "size": spec.size, "method": spec.method,
+        "budget": spec.budget,
         "budget_bytes": spec.budget_bytes, "device": spec.device, "threads": spec.threads,
         "warmup": spec.warmup, "steps": spec.steps, "wall_s": round(wall_s, 2),
     }  # fmt: skip

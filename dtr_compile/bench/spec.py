@@ -30,6 +30,7 @@ class RunSpec:
     seed: int
     reference: str  # file with the baseline's loss and gradients
     write_reference: bool  # True for the baseline run, which writes that file
+    autocast: str | None = None  # "bf16": every step under torch.autocast(device type, torch.bfloat16)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -41,4 +42,5 @@ class RunSpec:
     @property
     def key(self) -> str:
         budget = "-" if self.budget is None else f"{self.budget:g}"
-        return f"{self.model}/{self.method}@{budget}"
+        dtype = f"+{self.autocast}" if self.autocast else ""
+        return f"{self.model}{dtype}/{self.method}@{budget}"

@@ -1,0 +1,150 @@
+"""`python -m dtr_compile.bench --frontier` (issue 17): its grid, its outputs, and the pieces it adds to the harness.
+
+CI-cheap tests run no Inductor compile: the command line and the grid it plans, the outputs written from a
+harness stubbed with rows of the harness's shape, the save-matmuls policy and bf16 autocast in eager children.
+The end-to-end run of the command (an Inductor compile per method, minutes on 2 cores) is marked slow.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dtr_compile.bench import child, cli, frontier
+from dtr_compile.bench.methods import Budget, get_method, save_matmuls_policy
+from dtr_compile.bench.models import build_model
+from dtr_compile.bench.spec import RunSpec
+
+
+def test_cli_dispatches_frontier_and_size_picks_the_model_size():
+    grid, args = frontier.parse(["--frontier", "--size", "small", "--device", "cpu"])
+    assert grid.size == "small" and grid.baseline == "compile" and args.device == "cpu"
+    assert frontier.parse(["--size", "full", "--device", "cpu"])[0].size == "124m"
+    assert frontier.parse(["--device", "cpu"])[0].size == "small"  # CPU default: the stand-in
+    help_text = cli.build_parser().format_help()
+    assert "--frontier" in help_text
+
+
+def test_grid_runs_compile_first_then_every_method_at_its_budgets():
+    grid, _ = frontier.parse(["--size", "tiny", "--device", "cpu", "--models", "gpt2", "--dtypes", "fp32", "bf16"])
+    plan = grid.plan()
+    assert grid.models == ["gpt2", "gpt2+bf16"]
+    for key in grid.models:
+        mine = [(m, b) for k, m, b in plan if k == key]
+        assert mine[0] == ("compile", None)  # the reference of every ratio runs first
+        assert ("hf_ckpt_compile", None) in mine and ("sac_compile", None) in mine
+        assert [b for m, b in mine if m == "amb_inductor"] == [0.5, 0.3, 0.1, 0.0]
+        dtr = [b for m, b in mine if m == "dtr_inductor"]
+        assert dtr[0] is None and dtr[1:] == sorted(frontier.DTR_BUDGETS, reverse=True)  # no budget, then down
+        assert min(dtr[1:]) < 0.28  # below per-block checkpointing's measured peak on the CPU stand-in
+        assert [b for m, b in mine if m == "dtr_eager"] == [0.5, 0.3]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--dtr-budgets", "1.5"], "outside"), (["--knob", "-0.1"], "outside"), (["--steps", "1"], "--steps"),
+     (["--models", "vgg"], "invalid choice")],
+)  # fmt: skip
+def test_bad_frontier_flags_say_what_to_change(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        frontier.parse(["--device", "cpu", *argv])
+    assert message in capsys.readouterr().err
+
+
+def _harness_rows() -> list[dict]:
+    """Rows as runner.run_grid returns them (ratios already against the baseline's row), for two methods."""
+    common = {"model": "gpt2", "dtype": "fp32", "size": "tiny", "description": "2 layers", "device": "cpu",
+              "device_name": "test CPU", "torch_version": torch.__version__, "clock": "cpu", "threads": 1}  # fmt: skip
+    return [
+        {**common, "method": "compile", "budget": None, "budget_bytes": None, "status": "ok", "peak_bytes": 4000,
+         "step_s": 0.02, "step_cpu_s": 0.01, "first_step_s": 9.0, "correct": True, "grad_err": 0.0},
+        {**common, "method": "dtr_inductor", "budget": 0.5, "budget_bytes": 2000, "status": "ok", "peak_bytes": 1900,
+         "peak_ratio": 0.475, "time_ratio": 1.3, "step_s": 0.03, "step_cpu_s": 0.013, "first_step_s": 20.0,
+         "correct": True, "grad_err": 1e-6},
+        {**common, "method": "dtr_inductor", "budget": 0.1, "budget_bytes": 400, "status": "infeasible",
+         "reason": "BudgetError: set memory_budget to at least 1500 bytes", "floor_bytes": 1500},
+        {**common, "method": "amb_inductor", "budget": 0.0, "budget_bytes": 1, "status": "ok", "peak_bytes": 2500,
+         "peak_ratio": 0.625, "time_ratio": 1.1, "step_s": 0.025, "step_cpu_s": 0.011, "first_step_s": 12.0,
+         "correct": True},
+    ]  # fmt: skip
+
+
+def test_frontier_writes_csv_table_and_plot_with_compile_as_the_reference(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(frontier, "run_grid", lambda grid, workdir, on_row=None: _harness_rows())
+    assert cli.main(["--frontier", "--size", "tiny", "--device", "cpu", "--models", "gpt2", "--dtypes", "fp32",
+                     "--methods", "dtr_inductor", "amb_inductor", "--out", str(tmp_path)]) == 0  # fmt: skip
+    with open(tmp_path / "frontier.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert tuple(reader.fieldnames) == frontier.COLUMNS
+    for column in ("peak_bytes", "peak_ratio", "time_ratio", "first_call_s", "budget", "measured_over_budget",
+                   "grads_equal", "floor_bytes"):  # fmt: skip
+        assert column in frontier.COLUMNS
+    compile_row, budgeted, infeasible, knob = rows
+    assert float(compile_row["peak_ratio"]) == 1.0 and float(compile_row["time_ratio"]) == 1.0
+    assert float(budgeted["measured_over_budget"]) == pytest.approx(0.95)
+    assert float(budgeted["step_s"]) == pytest.approx(0.013)  # the CPU clock's time, as the ratios use
+    assert infeasible["status"] == "infeasible" and infeasible["floor_bytes"] == "1500"
+    assert knob["budget"] == "0" and knob["budget_bytes"] == "" and knob["measured_over_budget"] == ""
+    assert (tmp_path / "frontier.png").stat().st_size > 10_000
+    table = (tmp_path / "frontier.md").read_text()
+    assert "knob 0" in table and "floor 0.0 MiB" in table and "| 0.950 |" in table
+    assert "torch.compile (Inductor)" in capsys.readouterr().out
+
+
+def test_save_matmuls_policy_checkpointing_gives_eager_gradients():
+    reference = build_model("gpt2", "tiny")
+    batch = reference.make_batch("cpu")
+    get_method("eager").prepare(reference, Budget(None, None), batch)()
+    case = build_model("gpt2", "tiny")
+    context_fn = __import__("functools").partial(
+        torch.utils.checkpoint.create_selective_checkpoint_contexts, save_matmuls_policy
+    )
+    from dtr_compile.bench.methods import _checkpoint_module
+
+    for block in case.model.blocks:
+        _checkpoint_module(block, context_fn=context_fn)
+    get_method("eager").prepare(case, Budget(None, None), case.make_batch("cpu"))()
+    for (name, p), q in zip(reference.model.named_parameters(), case.model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    assert save_matmuls_policy(None, torch.ops.aten.mm.default) == CheckpointPolicy.MUST_SAVE
+    assert save_matmuls_policy(None, torch.ops.aten.gelu.default) == CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def test_bf16_autocast_children_compare_with_bf16_tolerance(tmp_path):
+    def spec(method: str) -> RunSpec:
+        return RunSpec(
+            model="llama", size="tiny", method=method, budget=None, budget_bytes=None, device="cpu", threads=1,
+            warmup=1, steps=5, seed=0, reference=str(tmp_path / "ref.pt"), write_reference=method == "eager",
+            autocast="bf16",
+        )  # fmt: skip
+
+    baseline = child.run(spec("eager"))
+    assert baseline["status"] == "ok", baseline.get("reason")
+    checkpointed = child.run(spec("checkpoint"))
+    assert checkpointed["status"] == "ok" and checkpointed["correct"] is True, checkpointed.get("reason")
+    assert spec("eager").key == "llama+bf16/eager@-"
+
+
+@pytest.mark.slow
+def test_frontier_command_end_to_end(tmp_path):
+    """Two Inductor compiles (torch.compile, HF checkpointing + compile) and the eager runtime: about a minute."""
+    cmd = [sys.executable, "-m", "dtr_compile.bench", "--frontier", "--size", "tiny", "--device", "cpu",
+           "--models", "gpt2", "--dtypes", "fp32", "--methods", "hf_ckpt_compile", "dtr_eager",
+           "--eager-budgets", "1.0", "--warmup", "1", "--steps", "3", "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "frontier.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["method"] for r in rows] == ["compile", "hf_ckpt_compile", "dtr_eager"]
+    assert all(r["status"] == "ok" for r in rows), [r["reason"] for r in rows]
+    assert rows[0]["peak_ratio"] == "1" and rows[0]["time_ratio"] == "1"
+    assert all(r["grads_equal"] == "True" for r in rows)
+    assert float(rows[2]["measured_over_budget"]) <= 1.0
+    assert (tmp_path / "frontier.png").exists()
