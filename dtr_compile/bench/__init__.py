@@ -1,10 +1,12 @@
 """The side-by-side benchmark: compiled DTR, eager DTR and the peers, on measured memory and step time.
 
     python -m dtr_compile.bench --quick
+    python -m dtr_compile.bench --frontier --size small     # issue 17: every method against torch.compile
 
 Layout: `models.py` (benchmark models, reused by examples and tests), `methods.py` (what is compared),
 `grid.py` (what runs), `child.py` (one run in a fresh process), `runner.py` (the processes, progress), `report.py`
-(CSV, markdown, BENCHMARKS section), `plot.py` (Pareto plot), `cli.py` (the command line).
+(CSV, markdown, BENCHMARKS section), `plot.py` (Pareto plot), `cli.py` (the command line), `frontier.py`
+(`--frontier`: the same children with torch.compile as the reference, its own CSV, table and plot).
 """
 
 from .grid import Grid
