@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed (default: 1800)")
     p.add_argument("--fresh-cache", action="store_true", help="empty Inductor caches in every run (cold compiles)")
     p.add_argument("--out", type=Path, default=Path("bench-frontier"), help="output directory")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: rewrite frontier.md and frontier.png from --out's frontier.csv (e.g. the "
+                   "rows an interrupted run saved)")  # fmt: skip
     return p
 
 
@@ -237,9 +240,27 @@ def pareto_plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def report_only(out: Path) -> str:
+    """Rewrite frontier.md and frontier.png from out/frontier.csv; returns the table."""
+    from .report import read_csv
+
+    if not (out / "frontier.csv").exists():
+        raise SystemExit(f"{out}/frontier.csv does not exist; run `python -m dtr_compile.bench --frontier --out {out}`")
+    rows = read_csv(out / "frontier.csv")
+    for r in rows:  # read_csv parses "0" as a number; model and dtype stay text
+        r["dtype"] = str(r["dtype"])
+    table = markdown_table(rows)
+    (out / "frontier.md").write_text(table)
+    pareto_plot(rows, out / "frontier.png")
+    return table
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     grid, args = parse(argv)
     out: Path = args.out
+    if args.report_only:
+        print(report_only(out))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m dtr_compile.bench " + shlex.join(sys.argv[1:] if argv is None else ["--frontier", *argv])
     print(f"dtr_compile.bench --frontier: {len(grid.plan())} runs, size {grid.size}, {grid.device} -> {out}/",

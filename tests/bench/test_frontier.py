@@ -94,6 +94,9 @@ def test_frontier_writes_csv_table_and_plot_with_compile_as_the_reference(tmp_pa
     table = (tmp_path / "frontier.md").read_text()
     assert "knob 0" in table and "floor 0.0 MiB" in table and "| 0.950 |" in table
     assert "torch.compile (Inductor)" in capsys.readouterr().out
+    (tmp_path / "frontier.png").unlink()  # --report-only: the same table and the plot again, from the CSV alone
+    assert cli.main(["--frontier", "--device", "cpu", "--report-only", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "frontier.md").read_text() == table and (tmp_path / "frontier.png").exists()
 
 
 def test_save_matmuls_policy_checkpointing_gives_eager_gradients():
