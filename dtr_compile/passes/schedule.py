@@ -95,6 +95,7 @@ class JointFacts:
                 j = self.forward_index.get(arg_version)
                 if j is not None:
                     self.forward_readers[j].append(i)
+        self.forward_keys_cache: tuple[list, list, dict] | None = None  # schedule._forward_keys
 
 
 @dataclass
@@ -151,8 +152,13 @@ def build_trace(
     owner: list[int] = []  # for each op of the backward part: the backward op it runs for
     recompute_s = 0.0
 
+    is_forward = facts.is_forward
+
     def ready(node: fx.Node) -> bool:
-        return node not in facts.is_forward or node in version or is_available(node)
+        if node not in is_forward or node in version:
+            return True
+        known = available.get(node)
+        return is_available(node) if known is None else known
 
     def ensure(root: fx.Node, backward_index: int) -> None:
         nonlocal recompute_s
@@ -188,7 +194,8 @@ def build_trace(
         for early in hoist_before.get(index, ()):
             ensure(early, index)
         for arg in facts.inputs[node]:
-            ensure(arg, index)
+            if not ready(arg):
+                ensure(arg, index)
         ops.append(Emitted(node, 0, tuple((a, version.get(a, 0)) for a in facts.inputs[node])))
         owner.append(index)
     for out in facts.bwd_outputs:
@@ -222,6 +229,7 @@ class Simulation:
     reads: dict[SimKey, list[int]]  # the ops of the backward part that read each storage, in order
     allocated: dict[SimKey, int]  # the op that allocates each storage
     order: list[int]  # run position -> trace position
+    complete: bool = True  # False: stopped at the first op above `simulate`'s limit (peak is that op's memory)
 
     @property
     def run_position(self) -> list[int]:
@@ -249,6 +257,17 @@ def storage_keys(
     entry_keys: list[tuple[SimKey, ...]] = []
     result = []
     current: dict[fx.Node, Version] = {}
+    start = 0
+    if inline is None and trace.boundary < len(ops):  # the FX model's forward entries: the same in every plan
+        cached = _forward_keys(facts)
+        entry_keys = list(cached[0])
+        result = list(cached[1])
+        current = dict(cached[2])
+        start = trace.boundary
+        for node in replayed:  # its forward op allocates the generator state its recomputes replay
+            j = facts.forward_index[(node, 0)]
+            own, inputs, keys = result[j]
+            result[j] = ((*own, ((node, RNG_STATE_INDEX), 0)), inputs, keys)
 
     def keys_of(arg: fx.Node, version: Version) -> tuple[SimKey, ...]:
         j = index.get((arg, version))
@@ -256,7 +275,8 @@ def storage_keys(
             return facts.input_keys[arg]
         return entry_keys[j]
 
-    for i, op in enumerate(ops):
+    for i in range(start, len(ops)):
+        op = ops[i]
         node = op.node
         inputs = tuple([keys_of(a, v) for a, v in op.arg_versions])
         own: tuple[SimKey, ...] = ()
@@ -281,6 +301,20 @@ def storage_keys(
         current[node] = op.version
         result.append((own, inputs, keys))
     return result, current, inline
+
+
+def _forward_keys(facts: JointFacts) -> tuple[list, list, dict[fx.Node, Version]]:
+    """`storage_keys`' entries of the forward ops under the FX model, without generator states (the same in
+    every plan, cached on `facts`: recomputing them per candidate plan was about a sixth of planning time)."""
+    cached = facts.forward_keys_cache
+    if cached is None:
+        forward = Trace(
+            list(facts.forward_ops), len(facts.forward_ops), {}, {}, {}, 0.0, [], dict(facts.forward_index), []
+        )
+        result, current, _ = storage_keys(facts, forward)
+        cached = ([keys for _, _, keys in result], result, current)
+        facts.forward_keys_cache = cached
+    return cached
 
 
 def _union(groups: tuple[tuple[SimKey, ...], ...]) -> tuple[SimKey, ...]:
@@ -344,8 +378,15 @@ def run_order(facts: JointFacts, trace: Trace, inline: InlineDecider | None) -> 
     )
 
 
-def simulate(facts: JointFacts, trace: Trace, *, inductor: bool = False) -> Simulation:
+class _OverLimit(Exception):
+    """Raised inside `simulate` at the first op above its limit, to stop the replay there."""
+
+
+def simulate(facts: JointFacts, trace: Trace, *, inductor: bool = False, limit: int | None = None) -> Simulation:
     """Bytes live at every op of `trace` (inputs and outputs of the running op, plus its workspace).
+
+    `limit`: stop at the first op whose memory is above it (the result is then not `complete`): enough to reject
+    a candidate plan that must fit a budget.
 
     Positions in the result (timeline, peak_index, reads, ...) are run positions: `order[p]` is the
     trace position of the op that runs p-th (see `run_order`)."""
@@ -378,6 +419,7 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool = False) -> Simu
                     reads.setdefault(key, []).append(i)
     saved = {key for key in last_bwd if key[0][0] in facts.is_forward and key[1] == 0}
 
+    stop_above = float("inf") if limit is None else limit
     live: set[SimKey] = set()
     memory = peak = 0
     peak_index = 0
@@ -396,22 +438,29 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool = False) -> Simu
             timeline.append(running)
             if running > peak:
                 peak, peak_index = running, i
+                if running > stop_above:
+                    raise _OverLimit
             for group in (*inputs, keys):
                 for key in group:
                     if key in live and key not in forever and key not in keep and last.get(key, -1) <= i:
                         live.discard(key)
                         memory -= nbytes[key[0]]
 
-    run(0, boundary, last_fwd, saved)
-    for tangent in facts.tangents:
-        for k in facts.keys[tangent]:
-            if (k, 0) not in live:
-                live.add((k, 0))
-                memory += nbytes[k]
-    tangent_keys = {(k, 0) for t in facts.tangents for k in facts.keys[t]}
-    for key in list(live):  # saved values the backward never reads are dropped when the forward returns
-        if key not in forever and key not in last_bwd and key not in tangent_keys:
-            live.discard(key)
-            memory -= nbytes[key[0]]
-    run(boundary, len(keyed), last_bwd, set())
-    return Simulation(timeline, peak, peak_index, first_read, last_fwd, saved, reads, allocated, order)
+    try:
+        run(0, boundary, last_fwd, saved)
+        for tangent in facts.tangents:
+            for k in facts.keys[tangent]:
+                if (k, 0) not in live:
+                    live.add((k, 0))
+                    memory += nbytes[k]
+        tangent_keys = {(k, 0) for t in facts.tangents for k in facts.keys[t]}
+        for key in list(live):  # saved values the backward never reads are dropped when the forward returns
+            if key not in forever and key not in last_bwd and key not in tangent_keys:
+                live.discard(key)
+                memory -= nbytes[key[0]]
+        run(boundary, len(keyed), last_bwd, set())
+    except _OverLimit:
+        complete = False
+    else:
+        complete = True
+    return Simulation(timeline, peak, peak_index, first_read, last_fwd, saved, reads, allocated, order, complete)

@@ -65,6 +65,11 @@ def test_simulation_equals_model_of_emitted_graph(inductor: bool) -> None:
         modelled = schedule_peak(planned, num_fwd_outputs=n_out, inductor=inductor)
         simulated = simulate(facts, trace, inductor=inductor)
         assert simulated.peak == modelled.peak_bytes, (trial, inductor)
+        # With a limit (the planner's fill): the same result when the plan fits it, stopped above it otherwise.
+        within = simulate(facts, trace, inductor=inductor, limit=simulated.peak)
+        assert within.complete and within.peak == simulated.peak and within.timeline == simulated.timeline
+        above = simulate(facts, trace, inductor=inductor, limit=simulated.peak - 1)
+        assert not above.complete and above.peak == simulated.peak and len(above.timeline) <= len(simulated.timeline)
 
 
 def test_forgotten_values_are_recomputed_again() -> None:
