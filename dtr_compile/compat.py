@@ -18,6 +18,14 @@ What we depend on, and why:
   `size_hint(expr, fallback=)`): the number a symbolic size stands for, without a guard, when the passes and
   the roofline model count bytes of tensors with dynamic shapes (`size_hint` below).
 
+- `torch.autograd.Function.boxed_grads_call` (2.13+, missing in 2.11): AOTAutograd's compiled backward takes
+  its incoming gradients as a list it empties as it goes, so each is freed after its last use. torch 2.11
+  passes them as a tuple the autograd engine holds until the backward returns: a compiled backward that runs
+  op by op under a tight budget keeps its incoming gradients resident throughout (`FREES_BACKWARD_GRADS`).
+  Nothing the runtime may do frees them (the engine can hand the same tensor to another node), so on 2.11
+  such a step can need more than the no-remat peak the calibration measured (tests/runtime/test_fault_matrix.py
+  names the case).
+
 Every other private torch name the package uses (about 160 references: dispatch modes, AOTAutograd, Inductor's
 partitioner hooks, the profiler's event tree, storage weak references) is the same on 2.11, 2.13 and 2.15;
 tests/compat/test_private_names.py checks that each resolves, on every release CI runs.
@@ -34,9 +42,18 @@ import torch.fx.experimental.symbolic_shapes as _symbolic_shapes
 
 from .errors import ConfigError
 
-__all__ = ["HAS_STORAGE_SWAP", "size_hint", "storage_swap", "swap_storage_data", "uses_storage_swap"]
+__all__ = [
+    "FREES_BACKWARD_GRADS",
+    "HAS_STORAGE_SWAP",
+    "size_hint",
+    "storage_swap",
+    "swap_storage_data",
+    "uses_storage_swap",
+]
 
 HAS_STORAGE_SWAP: bool = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+# Whether a compiled backward frees each incoming gradient after its last use (see the module docstring).
+FREES_BACKWARD_GRADS: bool = hasattr(torch.autograd.Function, "boxed_grads_call")
 _use_swap = HAS_STORAGE_SWAP
 
 

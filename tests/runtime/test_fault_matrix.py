@@ -19,6 +19,7 @@ from torch import nn
 
 import dtr_compile
 import dtr_compile.runtime.compiled_ops
+from dtr_compile import compat
 from dtr_compile.measure import measure_peak
 
 from .process_state import assert_restored, snapshot
@@ -132,7 +133,21 @@ def test_runtime_fault_restores_the_process(stage: str) -> None:
     assert_restored(before, "after the next steps")
 
 
-@pytest.mark.parametrize("stage", (*STAGES, "calibration"))
+# The calibration case runs at a fraction of 1.0, where region0's backward runs op by op with a recompute. On
+# torch 2.11 (no boxed backward gradients: compat.FREES_BACKWARD_GRADS) the incoming gradient of that backward
+# stays resident while it runs, and the step needs 1.1 of the calibrated peak; the BudgetError says so.
+_CALIBRATION = pytest.param(
+    "calibration",
+    marks=pytest.mark.xfail(
+        not compat.FREES_BACKWARD_GRADS,
+        raises=dtr_compile.BudgetError,
+        strict=False,
+        reason="torch 2.11 holds a compiled backward's incoming gradients until it returns (compat.py)",
+    ),
+)
+
+
+@pytest.mark.parametrize("stage", (*STAGES, _CALIBRATION))
 def test_compiled_fx_fault_restores_the_process(stage: str, monkeypatch) -> None:
     model, grads, peak = _reference()
     budget = int(COMPILED_FRACTION * peak)
