@@ -160,6 +160,8 @@ def build_trace(
         known = available.get(node)
         return is_available(node) if known is None else known
 
+    inputs_of, cost_of_node = facts.inputs, facts.cost
+
     def ensure(root: fx.Node, backward_index: int) -> None:
         nonlocal recompute_s
         stack = [(root, False)]
@@ -167,17 +169,18 @@ def build_trace(
             node, expanded = stack.pop()
             if ready(node):
                 continue
+            inputs = inputs_of[node]
             if not expanded:
-                if not facts.cost[node].recomputable:
+                if not cost_of_node[node].recomputable:
                     raise Infeasible(f"needs {node.format_node()}, which is not saved and cannot be recomputed")
                 stack.append((node, True))
-                stack.extend((a, False) for a in reversed(facts.inputs[node]) if not ready(a))
+                stack.extend([(a, False) for a in reversed(inputs) if not ready(a)])
                 continue
-            count[node] = count.get(node, 0) + 1
-            version[node] = count[node]
-            ops.append(Emitted(node, count[node], tuple((a, version.get(a, 0)) for a in facts.inputs[node])))
+            times = count.get(node, 0) + 1
+            count[node] = version[node] = times
+            ops.append(Emitted(node, times, tuple([(a, version.get(a, 0)) for a in inputs])))
             owner.append(backward_index)
-            recompute_s += facts.cost[node].time_s
+            recompute_s += cost_of_node[node].time_s
 
     def give_up(node: fx.Node) -> None:
         """Forget a recomputed value and the recomputed values it was made from, so that its next
@@ -196,7 +199,7 @@ def build_trace(
         for arg in facts.inputs[node]:
             if not ready(arg):
                 ensure(arg, index)
-        ops.append(Emitted(node, 0, tuple((a, version.get(a, 0)) for a in facts.inputs[node])))
+        ops.append(Emitted(node, 0, tuple([(a, version.get(a, 0)) for a in facts.inputs[node]])))
         owner.append(index)
     for out in facts.bwd_outputs:
         ensure(out, len(facts.backward))
