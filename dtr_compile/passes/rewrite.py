@@ -81,9 +81,22 @@ def emit_plan(gm: fx.GraphModule, plan: Plan, *, num_fwd_outputs: int) -> fx.Gra
     return fx.GraphModule(gm, graph)
 
 
+def _device_as_keyword(target, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The RNG wrappers find the device from a tensor argument or a `device=` keyword only: an op with no
+    tensor input and a positional device (Inductor's `prims.inductor_seeds(count, device)`, which Inductor's
+    random lowering puts in the joint graph before it is planned) gets its device passed by keyword."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or "device" in kwargs or any(isinstance(a, (torch.Tensor, fx.Node)) for a in args):
+        return args, kwargs
+    names = [a.name for a in schema.arguments]
+    if "device" not in names or names.index("device") >= len(args):
+        return args, kwargs
+    i = names.index("device")  # it and the positional arguments after it become keywords
+    return args[:i], {**kwargs, **dict(zip(names[i:], args[i:]))}
+
+
 def _emit_random(graph: fx.Graph, node: fx.Node, version: Version, lookup, rng_states: dict) -> fx.Node:
-    args = fx.map_arg(node.args, lookup)
-    kwargs = fx.map_arg(node.kwargs, lookup)
+    args, kwargs = _device_as_keyword(node.target, fx.map_arg(node.args, lookup), fx.map_arg(node.kwargs, lookup))
     if version == 0:
         pair = graph.call_function(torch._prims.rng_prims.run_and_save_rng_state, (node.target, *args), kwargs)
         state = graph.call_function(operator.getitem, (pair, 0))

@@ -74,6 +74,10 @@ class DTRMode(TorchDispatchMode):
 # like any other: its recipe captures the generator state the wrapper set, and a recompute replays it.
 def _wrapper_under_mode(hop: Any, mode: DTRMode, *args: Any, **kwargs: Any) -> Any:
     with mode:
+        if hop is rng_prims.run_with_rng_state:
+            # The wrapper hands its state to the generator directly (no aten op the mode sees), and the state
+            # is a storage of the step that may be evicted: a copy through the mode makes it resident first.
+            args = (args[0].clone(), *args[1:])
         return hop.py_kernels[DispatchKey.BackendSelect](*args, **kwargs)
 
 
