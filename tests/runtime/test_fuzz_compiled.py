@@ -71,7 +71,15 @@ def compiled_steps(model: nn.Module, budget, shape, steps: int = 2) -> list:
     return results
 
 
-@pytest.mark.parametrize(("seed", "fraction"), [(3, 0.7)])
+# (3, 0.5): the runtime's own peak is 307 KiB under a 318 KiB budget while the measured peak of the steps whose
+# backward part runs op by op is 348 KiB (1.09 x; the steps without op-by-op parts measure 0.96-0.97 x): some
+# allocation of an op-by-op compiled backward is not counted. Known, not fixed yet (issue 16, class 3).
+OVERSHOT = pytest.mark.xfail(
+    reason="op-by-op compiled backward measured 1.09 x the budget", raises=AssertionError, strict=True
+)
+
+
+@pytest.mark.parametrize(("seed", "fraction"), [(3, 0.7), pytest.param(3, 0.5, marks=[OVERSHOT, pytest.mark.slow])])
 def test_evicted_rng_state_is_recomputed_for_an_op_by_op_backward(seed: int, fraction: float) -> None:
     base, shape = random_case(seed)
     reference = compiled_steps(copy.deepcopy(base), None, shape)
