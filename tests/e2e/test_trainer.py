@@ -103,3 +103,18 @@ def test_trainer_with_defaults_holds_the_budget(tmp_path, arguments) -> None:
     if "eval_strategy" in arguments:
         evals = [entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry]
         assert len(evals) == 2 and all(math.isfinite(loss) for loss in evals), trainer.state.log_history
+
+
+# Out of CI (two more Trainer runs), and a known gap: under Trainer's bf16 autocast on CPU (`bf16=True,
+# use_cpu=True`) the steps train (loss finite, 58 evictions over 4 steps) but measure up to 1.08x a budget of 0.75
+# of the no-budget peak (1216896 against 1126089 bytes, steadily every other step over 8 steps; the runtime
+# accounts 1.04-1.09 MB), and 0.5 raises BudgetError (the step needs 993728 bytes). Measured on the 2-core CPU
+# development machine, torch 2.13.0, transformers 5.24.0, accelerate 1.15.0.
+@pytest.mark.slow
+@pytest.mark.xfail(reason="bf16 autocast: measured peak above the runtime's accounting (see comment)", strict=False)
+def test_trainer_bf16_autocast_holds_the_budget(tmp_path) -> None:
+    reference, _, _ = _train(tmp_path / "none", None, bf16=True, use_cpu=True)
+    budget = int(0.75 * max(reference))
+    peaks, losses, _ = _train(tmp_path / "budget", budget, bf16=True, use_cpu=True)
+    assert losses and all(math.isfinite(loss) for loss in losses), losses
+    assert max(peaks) <= budget, f"measured peaks {peaks} above the budget {budget} (no budget: {reference})"
