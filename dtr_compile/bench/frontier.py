@@ -210,7 +210,7 @@ def pareto_plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
     panels = list(dict.fromkeys((r["model"], r["dtype"]) for r in rows)) or [("", "")]
     cols = min(2, len(panels))
-    fig, axes = plt.subplots((len(panels) + cols - 1) // cols, cols, figsize=(6 * cols, 4.5), squeeze=False)
+    fig, axes = plt.subplots((len(panels) + cols - 1) // cols, cols, figsize=(6.5 * cols, 5.5), squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     for ax, (model, dtype) in zip(axes.flat, panels):
@@ -232,7 +232,7 @@ def pareto_plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
         ax.axhline(1.0, color="grey", linewidth=0.5)
         ax.set_xlim(0, max(1.1, ax.get_xlim()[1]))
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)  # below: never on a point
     device = rows[0].get("device_name", "") if rows else ""
     fig.suptitle(f"Frontier (issue 17): lower-left is better; red ring = gradients differ\n{device}", fontsize=9)
     fig.tight_layout()
