@@ -73,9 +73,11 @@ def compiled_steps(model: nn.Module, budget, shape, steps: int = 2) -> list:
 
 # (3, 0.5): the runtime's own peak is 307 KiB under a 318 KiB budget while the measured peak of the steps whose
 # backward part runs op by op is 348 KiB (1.09 x; the steps without op-by-op parts measure 0.96-0.97 x): some
-# allocation of an op-by-op compiled backward is not counted. Known, not fixed yet (issue 16, class 3).
+# allocation of an op-by-op compiled backward is not counted (at the peak, 8 CPU generator states of 5056 B are
+# live, about the 41 KiB gap). Known, not fixed yet (issue 16, class 3). Not strict: which steps run a part op
+# by op depends on measured op times, and under a profiler with stacks the same step measured 0.96 x.
 OVERSHOT = pytest.mark.xfail(
-    reason="op-by-op compiled backward measured 1.09 x the budget", raises=AssertionError, strict=True
+    reason="op-by-op compiled backward measured 1.09 x the budget", raises=AssertionError, strict=False
 )
 
 
