@@ -146,8 +146,12 @@ def test_frontier_command_end_to_end(tmp_path):
     with open(tmp_path / "frontier.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["method"] for r in rows] == ["compile", "hf_ckpt_compile", "dtr_eager"]
-    assert all(r["status"] == "ok" for r in rows), [r["reason"] for r in rows]
+    assert all(r["status"] == "ok" for r in rows[:2]), [r["reason"] for r in rows]
     assert rows[0]["peak_ratio"] == "1" and rows[0]["time_ratio"] == "1"
-    assert all(r["grads_equal"] == "True" for r in rows)
-    assert float(rows[2]["measured_over_budget"]) <= 1.0
+    assert all(r["grads_equal"] == "True" for r in rows if r["status"] == "ok")
+    runtime = rows[2]  # at the tiny size torch.compile's peak can be below the eager runtime's floor
+    if runtime["status"] == "ok":
+        assert float(runtime["measured_over_budget"]) <= 1.0
+    else:
+        assert runtime["status"] == "infeasible" and int(runtime["floor_bytes"]) > int(runtime["budget_bytes"])
     assert (tmp_path / "frontier.png").exists()
