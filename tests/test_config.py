@@ -395,3 +395,11 @@ def test_runtime_enable_takes_a_fraction_string() -> None:
     from dtr_compile import runtime
 
     assert runtime.enable(memory_budget="0.5", reference_peak_bytes=1000).budget_bytes == 500
+
+
+def test_config_names_every_heuristic_of_the_engine() -> None:
+    """config.HEURISTIC_NAMES (what `heuristic=` accepts) and the engine's registry name the same heuristics."""
+    from dtr_compile.config import HEURISTIC_NAMES
+    from dtr_compile.engine import HEURISTICS
+
+    assert sorted(HEURISTIC_NAMES) == sorted(HEURISTICS)
