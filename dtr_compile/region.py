@@ -40,12 +40,12 @@ from .errors import BudgetError
 from .passes.costs import is_random
 from .passes.meta import cost_of
 from .passes.partition import DTRPartitioner, PlanReport
-from .passes.storage import tensor_nbytes
 from .runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint, device_of
 from .runtime.implicit import STEPS
 from .runtime.runtime import current_step
 from .runtime.slice_kernels import kernels_wanted, with_kernels
 from .runtime.slices import output_slices
+from .tensor_bytes import tensor_nbytes
 
 _region_ids = itertools.count()
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..compat import size_hint
+from ..tensor_bytes import tensor_nbytes
 
 StorageKey = tuple[fx.Node, object]  # (producing node, index of the output: an int, or a tuple when nested)
 
@@ -29,16 +29,6 @@ class StorageInfo:
     key: StorageKey
     nbytes: int
     counted: bool  # False for graph inputs and their views
-
-
-def tensor_nbytes(val: object) -> int:
-    """Bytes of a (fake) tensor's data; 0 for non-tensors. Symbolic sizes use their hints."""
-    if not isinstance(val, torch.Tensor):
-        return 0
-    numel = 1
-    for size in val.shape:
-        numel *= size_hint(size)
-    return numel * val.element_size()
 
 
 def rng_state_nbytes(node: fx.Node) -> int:

@@ -24,8 +24,8 @@ import torch
 from torch import fx
 from torch.utils._pytree import tree_map
 
-from ..passes.storage import tensor_nbytes
 from ..roofline import estimate_call
+from ..tensor_bytes import tensor_nbytes
 
 # An output whose slice holds more nodes than this is recomputed with the whole part instead.
 MAX_SLICE_NODES = 128
