@@ -33,20 +33,16 @@ tests/compat/test_private_names.py checks that each resolves, on every release C
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.fx.experimental.symbolic_shapes as _symbolic_shapes
 
-from .errors import ConfigError
-
 __all__ = [
     "FREES_BACKWARD_GRADS",
     "HAS_STORAGE_SWAP",
+    "set_storage_swap",
     "size_hint",
-    "storage_swap",
     "swap_storage_data",
     "uses_storage_swap",
 ]
@@ -62,22 +58,12 @@ def uses_storage_swap() -> bool:
     return _use_swap
 
 
-@contextlib.contextmanager
-def storage_swap(enabled: bool) -> Iterator[None]:
-    """Within the block, refill evicted storages by swapping data pointers (`enabled`, where torch has the
-    swap) or by the in-place path every release supports (`False`): tests use it to run the fallback on
-    releases that have the swap."""
+def set_storage_swap(enabled: bool) -> bool:
+    """Refill by swapping data pointers (`enabled`) or in place; returns the previous setting. Tests run the
+    in-place path on releases that have the swap through `runtime.refill.storage_swap`, which checks the value."""
     global _use_swap
-    if enabled and not HAS_STORAGE_SWAP:
-        raise ConfigError(
-            f"torch {torch.__version__} has no UntypedStorage._swap_data_ptr_: refills here can only write in "
-            "place; use compat.storage_swap(False), or torch 2.13 or later for the swap"
-        )
     previous, _use_swap = _use_swap, enabled
-    try:
-        yield
-    finally:
-        _use_swap = previous
+    return previous
 
 
 def swap_storage_data(target: torch.UntypedStorage, fresh: torch.UntypedStorage) -> None:

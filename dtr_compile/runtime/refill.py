@@ -13,9 +13,14 @@ operation's workspace reserves (`copy_refill_bytes`), so the budget still holds.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from .. import compat
+from ..errors import ConfigError
 
 _NO_OUT = object()
 _OUT_OVERLOADS: dict[Any, Any] = {}  # func -> (out overload, names of its out arguments) or _NO_OUT
@@ -100,3 +105,20 @@ def invoke_into(recipe: Any, flat: list[Any], targets: dict[int, torch.UntypedSt
             outs[name] = torch.empty_strided(layout.size, layout.stride, dtype=layout.dtype, device=device)
     args, kwargs = unflatten_call(flat, recipe.spec)
     return flatten_result(overload(*args, **kwargs, **outs))[0]
+
+
+@contextlib.contextmanager
+def storage_swap(enabled: bool) -> Iterator[None]:
+    """Within the block, refill evicted storages by swapping data pointers (`enabled`, where torch has the
+    swap) or by the in-place path every release supports (`False`): tests use it to run this module's path on
+    releases that have the swap."""
+    if enabled and not compat.HAS_STORAGE_SWAP:
+        raise ConfigError(
+            f"torch {torch.__version__} has no UntypedStorage._swap_data_ptr_: refills here can only write in "
+            "place; use storage_swap(False), or torch 2.13 or later for the swap"
+        )
+    previous = compat.set_storage_swap(enabled)
+    try:
+        yield
+    finally:
+        compat.set_storage_swap(previous)

@@ -1,5 +1,5 @@
 """Refilling an evicted storage on both paths compat.py offers: the storage swap (torch 2.13+) and the
-in-place path (torch 2.11, forced elsewhere with `compat.storage_swap(False)`).
+in-place path (torch 2.11, forced elsewhere with `storage_swap(False)`).
 
 What must hold on each path: the tensors the program holds read the recomputed values (they view the same
 torch storage before and after), and the refill's measured peak (DESIGN.md: the profiler's allocation events)
@@ -17,6 +17,7 @@ import torch
 import dtr_compile
 from dtr_compile import compat
 from dtr_compile.measure import measure_peak
+from dtr_compile.runtime.refill import storage_swap
 
 from ..runtime import models
 from ..runtime.helpers import check_budgets
@@ -30,7 +31,7 @@ NBYTES = ROWS * COLS * 4
 
 
 def _path(swap: bool):
-    return compat.storage_swap(swap) if swap != compat.uses_storage_swap() else contextlib.nullcontext()
+    return storage_swap(swap) if swap != compat.uses_storage_swap() else contextlib.nullcontext()
 
 
 def _evicted_then_refilled(make, swap: bool):
@@ -104,9 +105,9 @@ def test_training_without_the_swap_matches_eager_within_budget(case: str) -> Non
 
 def test_forcing_the_swap_where_torch_lacks_it_is_refused() -> None:
     if compat.HAS_STORAGE_SWAP:
-        with compat.storage_swap(False):
+        with storage_swap(False):
             assert not compat.uses_storage_swap()
         assert compat.uses_storage_swap()
     else:
-        with pytest.raises(dtr_compile.ConfigError, match="_swap_data_ptr_"), compat.storage_swap(True):
+        with pytest.raises(dtr_compile.ConfigError, match="_swap_data_ptr_"), storage_swap(True):
             pass
