@@ -19,7 +19,7 @@ from typing import IO
 import torch
 
 from ..engine import Storage
-from ..sim.logwriter import LogWriter
+from ..oplog.writer import LogWriter
 
 
 class TraceRecorder:

@@ -5,14 +5,14 @@
         ...
     result = replay(parse_log("step.log.gz"), ratio=0.3)
 
-Modules: logformat (instructions, parser), logwriter (writer), replay (engine driver, baseline),
+The log format itself (instructions, parser, writer) is `dtr_compile.oplog`, shared with the runtime's recorder.
+Modules: replay (engine driver, baseline),
 schedule (the trace as storages and ops), views (views re-run after their storage's eviction),
 bounds (lower bounds: memory, and the least recompute of recompute_bound), future (next-use knowledge),
 reference (the DTR authors' numbers), report (tables, JSON), cli (the command line).
 """
 
-from .logformat import Trace, parse_lines, parse_log
-from .logwriter import LogWriter
+from ..oplog import LogWriter, Trace, parse_lines, parse_log
 from .replay import Baseline, ReplayOptions, ReplayResult, baseline, drive, replay
 
 __all__ = [

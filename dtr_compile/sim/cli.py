@@ -20,8 +20,8 @@ from typing import NoReturn
 from .. import config
 from ..engine.heuristics import HEURISTICS
 from ..errors import DTRError
+from ..oplog.format import parse_log
 from .bounds import LogBounds, log_bounds
-from .logformat import parse_log
 from .reference import load_reference
 from .replay import ReplayOptions, ReplayResult, baseline, replay
 from .report import json_lines, tables

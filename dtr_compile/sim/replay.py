@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 
 from ..engine import Engine, Storage
 from ..errors import BudgetError, ThrashError
+from ..oplog.format import Call, Constant, Copy, CopyFrom, Mutate, Release, Trace
 from .bounds import lower_bound_bytes
 from .future import FuturePlan
-from .logformat import Call, Constant, Copy, CopyFrom, Mutate, Release, Trace
 from .schedule import build_schedule
 from .views import View, ViewTracker
 

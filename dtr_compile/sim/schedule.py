@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .logformat import Call, Constant, Copy, CopyFrom, Mutate, Release, Trace
+from ..oplog.format import Call, Constant, Copy, CopyFrom, Mutate, Release, Trace
 
 
 @dataclass(frozen=True)

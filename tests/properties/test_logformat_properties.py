@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dtr_compile.errors import DTRError, LogFormatError
-from dtr_compile.sim.logformat import START, parse_lines
+from dtr_compile.oplog.format import START, parse_lines
 from dtr_compile.sim.replay import ReplayOptions, baseline, replay
 
 NAMES = st.sampled_from(["a", "b", "c", "w", "x", ""]) | st.text(max_size=3)

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from dtr_compile import config
 from dtr_compile.errors import ConfigError
+from dtr_compile.oplog.writer import LogWriter
 from dtr_compile.sim.cli import main
-from dtr_compile.sim.logwriter import LogWriter
 
 _LOG = os.path.join(tempfile.mkdtemp(prefix="dtr-sim-cli-"), "step.log")
 with LogWriter(_LOG) as _log:

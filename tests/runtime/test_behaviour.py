@@ -13,7 +13,7 @@ from torch import nn
 
 import dtr_compile
 from dtr_compile.measure import measure_peak
-from dtr_compile.sim.logformat import parse_log
+from dtr_compile.oplog.format import parse_log
 from dtr_compile.sim.replay import ReplayOptions, replay
 
 from . import models

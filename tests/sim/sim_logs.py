@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from dtr_compile.sim.logformat import Trace, parse_lines
-from dtr_compile.sim.logwriter import LogWriter
+from dtr_compile.oplog.format import Trace, parse_lines
+from dtr_compile.oplog.writer import LogWriter
 
 
 def write(build) -> str:

@@ -10,8 +10,8 @@ import pytest
 from sim_logs import trace_of
 
 from dtr_compile.engine.heuristics import HEURISTICS
+from dtr_compile.oplog.format import parse_log
 from dtr_compile.sim.bounds import log_bounds, lower_bound_bytes
-from dtr_compile.sim.logformat import parse_log
 from dtr_compile.sim.recompute_bound import RecomputeBound
 from dtr_compile.sim.replay import ReplayOptions, baseline, replay
 from dtr_compile.sim.schedule import build_schedule

@@ -7,7 +7,7 @@ import gzip
 import pytest
 
 from dtr_compile.errors import LogFormatError
-from dtr_compile.sim.logformat import Call, Constant, Copy, CopyFrom, Mutate, Release, parse_lines, parse_log
+from dtr_compile.oplog.format import Call, Constant, Copy, CopyFrom, Mutate, Release, parse_lines, parse_log
 
 START = '{"INSTRUCTION":"ANNOTATE","ANNOTATION":"START"}'
 

@@ -8,9 +8,9 @@ import os
 import pytest
 
 from dtr_compile.errors import ConfigError
+from dtr_compile.oplog.format import Call, Constant, Mutate, Release, parse_log
+from dtr_compile.oplog.writer import LogWriter
 from dtr_compile.sim.cli import main
-from dtr_compile.sim.logformat import Call, Constant, Mutate, Release, parse_log
-from dtr_compile.sim.logwriter import LogWriter
 from dtr_compile.sim.replay import ReplayOptions, baseline, replay
 
 LOGS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "dtr-logs")

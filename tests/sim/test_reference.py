@@ -8,7 +8,7 @@ import os
 import pytest
 
 from dtr_compile.errors import LogFormatError
-from dtr_compile.sim.logformat import parse_log
+from dtr_compile.oplog.format import parse_log
 from dtr_compile.sim.reference import load_reference
 from dtr_compile.sim.replay import ReplayOptions, baseline, replay
 
@@ -78,8 +78,8 @@ def test_the_default_succeeds_where_the_reference_fails_between_the_published_ra
 
 
 def test_the_command_prints_merged_reference_rows_and_drops_rows_with_no_cell_here(tmp_path, capsys):
+    from dtr_compile.oplog.writer import LogWriter
     from dtr_compile.sim.cli import main
-    from dtr_compile.sim.logwriter import LogWriter
 
     shared = tmp_path / "shared"
     published = write_reference(shared, PUBLISHED, manifest=True)

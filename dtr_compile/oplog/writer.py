@@ -1,4 +1,4 @@
-"""Writing operation logs in the format `logformat.parse_log` reads (and the DTR authors' simulator reads).
+"""Writing operation logs in the format `oplog.format.parse_log` reads (and the DTR authors' simulator reads).
 
 The torch runtime records a trace with it, so a user can run a model once and evaluate budgets and
 heuristics offline with `python -m dtr_compile.sim`:
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import IO, Self
 
 from ..errors import ConfigError
-from .logformat import START
+from .format import START
 
 
 class LogWriter:
