@@ -46,7 +46,7 @@ def measure_region(compiled: Callable[..., Any], example_inputs: Sequence[Any]) 
     from torch._subclasses.fake_tensor import FakeTensor
 
     for value in example_inputs:
-        if isinstance(value, FakeTensor):  # a re-plan from the shapes alone (region.py) has nothing to run
+        if isinstance(value, FakeTensor):  # a re-plan from the shapes alone (backend/region.py) has nothing to run
             return None
         if isinstance(value, torch.nn.Parameter):
             params.append(value)

@@ -11,7 +11,7 @@ Inside a step it is one multi-output engine operation, like an aten call of the 
     any other storage, and recomputes them by running the compiled part again on the same inputs, with
     the RNG state of the first run replayed, so that a dropout mask comes back identical.
 The region's own plan decides what its backward recomputes inside the compiled code; the runtime decides
-what survives between operations of the step. How the budget is split between the two: see region.py.
+what survives between operations of the step. How the budget is split between the two: see backend/region.py.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class DTRMode(TorchDispatchMode):
     def ignore_compile_internals(cls) -> bool:
         # TorchDynamo keeps compiling frames while this mode is active (a mode that does not say so makes it
         # fall back to eager for the whole step), and runs what it compiled with the mode active again: the
-        # "dtr" backend's regions then join the runtime as single operations (regions.py).
+        # "dtr" backend's regions then join the runtime as single operations (backend/region.py).
         return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]

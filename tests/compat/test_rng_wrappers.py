@@ -17,7 +17,7 @@ from torch import nn
 from torch._prims import rng_prims
 
 import dtr_compile
-import dtr_compile.region
+import dtr_compile.backend.region
 from dtr_compile.measure import measure_peak
 from dtr_compile.runtime.compiled_ops import Footprint
 from dtr_compile.runtime.dispatch import DTRMode
@@ -48,13 +48,13 @@ def test_dropout_wrappers_run_op_by_op_under_the_runtime(monkeypatch) -> None:
     reference, reference_peaks = _steps(model, x, None, steps=2)
 
     # Every backward part is told it needs a terabyte of room, so it runs op by op under the mode (test_handoff).
-    original = dtr_compile.region._footprint
+    original = dtr_compile.backend.region._footprint
 
     def huge_backward(report, phase, numels):
         footprint = original(report, phase, numels)
         return Footprint(footprint.new_bytes, 1 << 40, numels) if phase == "backward" else footprint
 
-    monkeypatch.setattr(dtr_compile.region, "_footprint", huge_backward)
+    monkeypatch.setattr(dtr_compile.backend.region, "_footprint", huge_backward)
     calls = []  # what reaches the mode's rule for the backward's wrapper
     rule = rng_prims.run_with_rng_state.python_key_table[DTRMode]
 

@@ -17,7 +17,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import dtr_compile
-import dtr_compile.region
+import dtr_compile.backend.region
 from dtr_compile.bench.dynamic_models import build_dynamic
 from dtr_compile.measure import measure_peak
 from dtr_compile.runtime.compiled_ops import Footprint
@@ -90,13 +90,13 @@ def test_a_backward_part_too_big_for_the_budget_runs_op_by_op(monkeypatch) -> No
     """A region's backward that cannot fit the budget as one operation (here: told that it needs a terabyte
     of workspace) runs its FX code op by op under the runtime instead of failing the step; values, gradients
     and the budget hold."""
-    original = dtr_compile.region._footprint
+    original = dtr_compile.backend.region._footprint
 
     def huge_backward(report, phase, example_numels):
         footprint = original(report, phase, example_numels)
         return Footprint(footprint.new_bytes, 1 << 40, example_numels) if phase == "backward" else footprint
 
-    monkeypatch.setattr(dtr_compile.region, "_footprint", huge_backward)
+    monkeypatch.setattr(dtr_compile.backend.region, "_footprint", huge_backward)
     case = build_dynamic("transformer_branch", "test")
     initial = copy.deepcopy(case.model.state_dict())
     eager = _steps(case, case.model, 3)
@@ -116,8 +116,8 @@ def test_forward_and_backward_parts_of_a_batchnorm_cnn_run_op_by_op(monkeypatch)
     running statistics equal eager's, within the budget."""
     from tests.e2e.compiled_models import cnn
 
-    original = dtr_compile.region._footprint
-    monkeypatch.setattr(dtr_compile.region, "_footprint", lambda report, phase, numels: Footprint(
+    original = dtr_compile.backend.region._footprint
+    monkeypatch.setattr(dtr_compile.backend.region, "_footprint", lambda report, phase, numels: Footprint(
         original(report, phase, numels).new_bytes, 1 << 40, numels))
     model, (x,) = cnn()
     reference = copy.deepcopy(model)
@@ -148,7 +148,7 @@ def test_changing_sequence_length_does_not_recompile_every_step(monkeypatch) -> 
     once (automatic dynamic shapes), and later lengths reuse the dynamic plans. (A branch taken for the first
     time still compiles its code once: that is a first compile of another frame, not a recompile.)"""
     recompiles = []
-    original_init = dtr_compile.region.Region.__init__
+    original_init = dtr_compile.backend.region.Region.__init__
 
     def counting_init(self, gm, example_inputs):
         compile_id = torch._guards.CompileContext.current_compile_id()
@@ -156,7 +156,7 @@ def test_changing_sequence_length_does_not_recompile_every_step(monkeypatch) -> 
             recompiles.append(str(compile_id))
         original_init(self, gm, example_inputs)
 
-    monkeypatch.setattr(dtr_compile.region.Region, "__init__", counting_init)
+    monkeypatch.setattr(dtr_compile.backend.region.Region, "__init__", counting_init)
     case = build_dynamic("transformer_branch", "test")
     budget = int(0.5 * _steps(case, case.model, 1)[0][2])
     torch._dynamo.reset()

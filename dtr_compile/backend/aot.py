@@ -1,13 +1,9 @@
-"""The "dtr" torch.compile backend: AOTAutograd joint graph -> plan under the budget -> codegen.
+"""One Dynamo region through AOTAutograd: our partitioner (plan under the budget) and a code generator.
 
-    model = torch.compile(model, backend="dtr")   # found through the torch_dynamo_backends entry point
-
-It reads `dtr_compile.config` when Dynamo hands it a graph: `memory_budget` (bytes, fraction of the
-no-remat peak, or None), `codegen` ("inductor": C++ on CPU, Triton on GPU; "fx": plain FX execution) and
-`compiled_steps`. Each graph becomes a `Region` (region.py): planned under its share of the budget, its
-compiled parts run as operations of the eager runtime inside a training step. Both code generators run
-the planned graphs; the FX one frees every value, graph inputs included, right after its last use, so
-that the measured peak is the planned one.
+`compile_region` is what a `Region` (region.py) compiles itself with; `make_backend` binds explicit settings
+for `explain` and tests. Inductor ("inductor": C++ on CPU, Triton on GPU) or plain FX execution ("fx"), whose
+graphs free every value, graph inputs included, right after its last use, so that the measured peak is the
+planned one.
 """
 
 from __future__ import annotations
@@ -19,50 +15,11 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import config
-from .passes.costs import CostMode
-from .passes.partition import DTRPartitioner
+from .. import config
+from ..passes.costs import CostMode
+from ..passes.partition import DTRPartitioner
 
-__all__ = ["compile_region", "dtr_backend"]
-
-
-def dtr_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
-    """Dynamo backend entry point (`backend="dtr"`). Extra `options=` from torch.compile are refused."""
-    if kwargs:
-        raise TypeError(
-            f"backend 'dtr' takes no options {sorted(kwargs)}; set dtr_compile.config.memory_budget / codegen instead"
-        )
-    from .errors import DTRError
-    from .region import Region
-
-    try:
-        return Region(gm, example_inputs)
-    except DTRError as error:
-        raise through_dynamo(error) from error
-
-
-def through_dynamo(error: BaseException) -> BaseException:
-    """`error` as an instance of a subclass of its own class that TorchDynamo lets pass unwrapped.
-
-    Dynamo wraps what a backend raises in `BackendCompilerFailed`, except its `ShortenTraceback` family; so
-    a BudgetError raised while compiling reaches `except dtr_compile.BudgetError` as a BudgetError (with its
-    attributes), not as a Dynamo error the user cannot act on."""
-    from torch._dynamo.exc import ShortenTraceback
-
-    cls = type(error)
-    if isinstance(error, ShortenTraceback):
-        return error
-    passing = _PASSING.get(cls)
-    if passing is None:
-        passing = _PASSING[cls] = type(cls.__name__, (cls, ShortenTraceback), {"__module__": cls.__module__})
-    wrapped = passing.__new__(passing)
-    wrapped.__dict__.update(error.__dict__)
-    wrapped.args = error.args
-    wrapped.first_useful_frame = None  # ShortenTraceback: keep the whole traceback
-    return wrapped
-
-
-_PASSING: dict[type, type] = {}
+__all__ = ["PartWrapper", "boxed_fx", "compile_region", "make_backend"]
 
 
 # wrap(a part's graph, "forward" | "backward" | "inference"), called before the part is compiled (a code
@@ -104,15 +61,17 @@ def compile_region(
 
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-        from .passes.fusion_guard import guarded_inner_compile
-        from .passes.verify import compile_within_budget
-        from .runtime.runtime import current_step
+        from ..passes.fusion_guard import guarded_inner_compile
+        from ..passes.verify import compile_within_budget
+        from ..runtime.runtime import current_step
 
         guarded = guarded_inner_compile(compile_fx_inner)
         reorder = torch._inductor.config.reorder_for_peak_memory  # Inductor's own setting
 
         def inner_compile(part: fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
-            phase = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
+            phase = (
+                "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
+            )
             finish = wrap(part, phase) if wrap is not None else None
             # A region that runs torch.compile's own partition (no recompute planned), and an inference part,
             # get Inductor's own scheduling too: the step is torch.compile's.

@@ -34,18 +34,19 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import config
-from .config import Budget
-from .errors import BudgetError
-from .passes.costs import is_random
-from .passes.meta import cost_of
-from .passes.partition import DTRPartitioner, PlanReport
-from .runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint, device_of
-from .runtime.implicit import STEPS
-from .runtime.runtime import current_step
-from .runtime.slice_kernels import kernels_wanted, with_kernels
-from .runtime.slices import output_slices
-from .tensor_bytes import tensor_nbytes
+from .. import config
+from ..config import Budget
+from ..errors import BudgetError
+from ..passes.costs import is_random
+from ..passes.meta import cost_of
+from ..passes.partition import DTRPartitioner, PlanReport
+from ..runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint, device_of
+from ..runtime.implicit import STEPS
+from ..runtime.runtime import current_step
+from ..runtime.slice_kernels import kernels_wanted, with_kernels
+from ..runtime.slices import output_slices
+from ..tensor_bytes import tensor_nbytes
+from .aot import boxed_fx, compile_region
 
 _region_ids = itertools.count()
 
@@ -59,8 +60,9 @@ class Region:
         # Fake tensors (from Dynamo's tracing) stand for the inputs when the region is planned again later:
         # holding the real example inputs would keep the first step's activations alive.
         fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
-        self.example_inputs = fakes if len(fakes) == len(example_inputs) and all(
-            f is not None for f in fakes) else list(example_inputs)
+        self.example_inputs = (
+            fakes if len(fakes) == len(example_inputs) and all(f is not None for f in fakes) else list(example_inputs)
+        )
         self.codegen = config.codegen
         self.cost_mode = config.cost_mode
         self.reports: list[PlanReport] = []  # one per compile, for explain and tests
@@ -131,7 +133,6 @@ class Region:
         self._key = key
 
     def _compile_with(self, budget: Budget, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        from .backend import compile_region
 
         partitioner = DTRPartitioner(budget, cost_mode=self.cost_mode, codegen=self.codegen)
 
@@ -186,7 +187,6 @@ def part_maker(
 
 def _fx_copy(graph: fx.GraphModule) -> fx.GraphModule:
     """A boxed FX module of `graph`'s code that shares its parameters and constants, not its nodes."""
-    from .backend import boxed_fx
 
     copied = fx.Graph()
     copied.output(copied.graph_copy(graph.graph, {}))
@@ -220,7 +220,7 @@ def _estimated_seconds(report: PlanReport | None, phase: str) -> float | None:
 
 def _draws_random_numbers(graph: fx.GraphModule) -> bool:
     """Does the part draw from torch's generator (so that a rerun must replay its state)?"""
-    from .kernels.rng import draw_seed
+    from ..kernels.rng import draw_seed
 
     rng_prims = torch._prims.rng_prims
     for node in graph.graph.nodes:
