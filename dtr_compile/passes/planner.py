@@ -9,6 +9,13 @@ each candidate is judged by the exact peak of the schedule it implies (`schedule
 agrees byte for byte with the model of the emitted graph in peak.py), not by a proxy such as saved
 bytes. This is offline DTR: every recomputation is known in advance and placed where it is needed.
 
+When the graph is a chain of repeated blocks (blocks.py: transformer layers, ResNet blocks, found from Dynamo's
+module paths), the plan starts from the chain planner (chain_plan.py): per block one of a few options (save,
+min-cut's, selective checkpointing, full checkpointing), chosen together by dynamic programming at the least
+recompute time and checked by the exact simulation. The greedy search below runs only when no combination of
+block options meets the budget (then from the all-checkpoint plan, whose peak is the smallest budget the block
+options meet), or alongside on small graphs, where it is cheap and may beat coarse block options.
+
 The search is greedy and follows the peak down:
 
     simulate the current plan; while its peak is above the budget:
@@ -51,12 +58,15 @@ from dataclasses import dataclass, field
 
 from torch import fx
 
+from .blocks import find_chain
+from .chain_plan import plan_chain
 from .schedule import Emitted, Infeasible, JointFacts, Simulation, Trace, Version, build_trace, simulate
 
 __all__ = ["Emitted", "Plan", "Version", "plan_schedule"]
 
 STEP_FRACTION = 0.02  # each step of the search frees about this fraction of the current peak
 AREA_FRACTION = 0.97  # at equal peak, a step must lower the memory above this fraction of the peak
+GREEDY_ALONGSIDE = 100  # with a chain, the greedy search also runs on graphs with at most this many candidates
 HOIST_REACH = 4  # a recompute burst may move up to this many allocating backward ops earlier
 
 
@@ -75,6 +85,7 @@ class Plan:
     planning_s: float = 0.0
     smallest_peak_bytes: int = 0  # the lowest peak the search reached (the smallest feasible budget)
     dropped: frozenset[fx.Node] = frozenset()
+    block_options: tuple[str, ...] | None = None  # the chain planner's option per block (None: not used)
 
 
 Decision = tuple[str, fx.Node, int]  # ("drop", value, 0) or ("split", value, backward op index)
@@ -431,9 +442,28 @@ def _plan(
         kept = {k[0] for n in facts.nodes if n.name in keep for k in facts.keys[n]}
         initial = frozenset(n for n in facts.candidates if n not in kept)
     search = _Search(facts, initial, inductor)
-    state = search.state if budget_bytes is None else search.run(budget_bytes)
-    if budget_bytes is not None and state.peak <= budget_bytes:
-        state = search.fill(budget_bytes)
+    options = None
+    if budget_bytes is None or search.state.peak <= budget_bytes:
+        state = search.state
+    else:
+        state, options = _plan_blocks(search, budget_bytes)
+        if state is not None:
+            state = search.fill(budget_bytes)
+        small = len(facts.candidates) <= GREEDY_ALONGSIDE
+        if state is None or small:
+            # No chain, or no combination of block options meets the budget: the greedy search (on a large graph
+            # from the all-checkpoint plan, see _plan_blocks). On a small graph it costs milliseconds, starts
+            # from the min-cut partition and may beat the block options, which are coarse when a block is one
+            # layer (Linear + GELU: its output is the value worth dropping, and every option keeps it;
+            # tests/passes/test_ilp_oracle.py): the cheaper plan wins.
+            floor = search.best
+            greedy = _Search(facts, initial, inductor) if small else search
+            other = greedy.run(budget_bytes)
+            if other.peak <= budget_bytes:
+                other = greedy.fill(budget_bytes)
+            if state is None or (other.peak <= budget_bytes and other.trace.recompute_s < state.trace.recompute_s):
+                greedy.best = min(greedy.best, floor, key=lambda s: s.peak)
+                search, state, options = greedy, other, None
     trace = state.trace
     compute_s = sum(facts.cost[n].time_s for n in facts.forward + facts.backward)
     return Plan(
@@ -450,4 +480,24 @@ def _plan(
         planning_s=time.perf_counter() - start,
         smallest_peak_bytes=search.best.peak,
         dropped=state.dropped,
+        block_options=options,
     )
+
+
+def _plan_blocks(search: _Search, budget: int) -> tuple[_State | None, tuple[str, ...] | None]:
+    """The chain planner's plan (chain_plan.py) when the graph is a chain of blocks and some combination of
+    block options meets `budget`; else (None, None), with the search moved to the all-checkpoint plan when
+    that lowers its peak, so that the greedy search goes on below checkpointing's floor from there."""
+    blocks = find_chain(search.facts)
+    if blocks is None:
+        return None, None
+    result = plan_chain(search, blocks, budget)
+    floor = result.floor
+    if floor is not None and floor.peak < search.best.peak:
+        search.best = floor
+    if result.state is None:
+        if floor is not None and floor.peak < search.state.peak:
+            search.state = floor
+        return None, None
+    search.state = result.state
+    return result.state, result.options

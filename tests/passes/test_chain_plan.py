@@ -1,0 +1,190 @@
+"""The chain planner (issue 17): blocks found in the joint graph, options chosen by dynamic programming.
+
+Small transformer-like stacks (LayerNorm, MLP with GELU, dropout, residual) under the FX code generator: the
+chain is found from Dynamo's module paths, the dynamic program's choice is the cheapest of all option
+combinations by exact simulation, gradients equal eager's, the plan reaches per-block checkpointing's peak as
+`torch.utils.checkpoint` gives it, and a block's recompute runs inside its own backward.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from dtr_compile.backend import make_backend
+from dtr_compile.errors import BudgetError
+from dtr_compile.passes.blocks import OPTIONS, find_chain, option_drops
+from dtr_compile.passes.chain_plan import plan_chain
+from dtr_compile.passes.planner import _Search
+from dtr_compile.passes.schedule import JointFacts
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int, dropout: float) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.down(nn.functional.gelu(self.up(self.ln(x)))))
+
+
+class _Stack(nn.Module):
+    """A chain of `depth` blocks in a ModuleList, then a head (outside the chain)."""
+
+    def __init__(self, depth: int = 3, width: int = 32, dropout: float = 0.0, checkpointed: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.h = nn.ModuleList(_Block(width, dropout) for _ in range(depth))
+        self.head = nn.Linear(width, 1)
+        self.checkpointed = checkpointed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.h:
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointed else block(x)
+        return self.head(x)
+
+
+class _NoChain(nn.Module):
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = nn.Linear(width, width), nn.Linear(width, width), nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.tanh(self.b(torch.relu(self.a(x)))))
+
+
+def _report(model: nn.Module, budget, x: torch.Tensor):
+    torch._dynamo.reset()
+    backend = make_backend(budget, codegen="fx")
+    torch.compile(model, backend=backend)(x).sum().backward()
+    return backend.reports[-1]
+
+
+def _search(model: nn.Module, x: torch.Tensor):
+    """The planner's search at the starting partition (min-cut's), and the graph's facts."""
+    report = _report(model, None, x)
+    facts = JointFacts(report.joint, report.num_fwd_outputs)
+    return _Search(facts, report.plan.dropped, inductor=False), facts
+
+
+def test_finds_the_chain_of_a_stack_of_blocks() -> None:
+    _, facts = _search(_Stack(depth=3), torch.randn(64, 32))
+    blocks = find_chain(facts)
+    assert blocks is not None and len(blocks) == 3
+    assert [b.path.rsplit(".", 2)[-2:] for b in blocks] == [["h", "0"], ["h", "1"], ["h", "2"]]
+    for earlier, later in itertools.pairwise(blocks):
+        assert max(facts.position[n] for n in earlier.forward) < min(facts.position[n] for n in later.forward)
+        assert earlier.outputs and all(n in earlier.forward for n in earlier.outputs)
+    assert all(b.backward for b in blocks)  # backward ops placed by seq_nr
+    head = [n for n in facts.forward if not any(n in b.forward for b in blocks)]
+    assert head  # the head's matmul is outside the chain
+    checkpointed = option_drops(facts, blocks[1], "checkpoint", frozenset())
+    sac = option_drops(facts, blocks[1], "sac", frozenset())
+    assert sac < checkpointed  # SAC keeps the matmuls checkpointing drops
+    assert all(n.target is not torch.ops.aten.addmm.default for n in sac)
+
+
+def test_a_model_without_a_module_list_has_no_chain() -> None:
+    _, facts = _search(_NoChain(), torch.randn(64, 32))
+    assert find_chain(facts) is None
+
+
+@pytest.mark.parametrize("fraction", [0.85, 0.7, 0.55])
+def test_dynamic_program_matches_brute_force_over_option_combinations(fraction: float) -> None:
+    search, facts = _search(_Stack(depth=3), torch.randn(128, 32))
+    blocks = find_chain(facts)
+    start = search.state.dropped
+    inside = set().union(*(b.forward for b in blocks))
+    other = frozenset(n for n in start if n not in inside)
+    budget = int(fraction * search.state.peak)
+    best = None
+    for choice in itertools.product(OPTIONS, repeat=len(blocks)):
+        dropped = other.union(*(option_drops(facts, b, o, start) for b, o in zip(blocks, choice)))
+        state = search._evaluate(dropped, frozenset())
+        if state is not None and state.peak <= budget and (best is None or state.trace.recompute_s < best):
+            best = state.trace.recompute_s
+    assert best is not None, "the brute force found no combination within the budget: pick another fraction"
+    result = plan_chain(search, blocks, budget)
+    assert result.state is not None and result.state.peak <= budget
+    assert math.isclose(result.state.trace.recompute_s, best, rel_tol=1e-9), (result.options, fraction)
+
+
+def test_values_and_gradients_equal_eager_under_a_tight_budget() -> None:
+    x = torch.randn(128, 32)
+    no_remat = _report(_Stack(depth=4), None, x).no_remat.peak_bytes
+    budget = int(0.5 * no_remat)
+    eager = _Stack(depth=4)
+    expected = eager(x)
+    expected.sum().backward()
+    model = _Stack(depth=4)
+    torch._dynamo.reset()
+    backend = make_backend(budget, codegen="fx")
+    out = torch.compile(model, backend=backend)(x)
+    out.sum().backward()
+    report = backend.reports[-1]
+    assert report.plan.block_options is not None and "checkpoint" in report.plan.block_options
+    assert report.planned_peak.peak_bytes <= budget
+    torch.testing.assert_close(out, expected)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+def test_reaches_per_block_checkpointings_peak() -> None:
+    """torch.utils.checkpoint on every block, compiled with no budget, gives checkpointing's modelled peak;
+    the plain model planned at that budget fits it (the chain planner, not the greedy search)."""
+    x = torch.randn(128, 32)
+    checkpointing = _report(_Stack(depth=4, checkpointed=True), None, x).no_remat.peak_bytes
+    no_remat = _report(_Stack(depth=4), None, x).no_remat.peak_bytes
+    assert checkpointing < 0.7 * no_remat  # checkpointing saves something here
+    try:
+        report = _report(_Stack(depth=4), checkpointing, x)
+    except torch._dynamo.exc.BackendCompilerFailed as error:  # pragma: no cover - the failure says by how much
+        assert not isinstance(error.inner_exception, BudgetError), str(error.inner_exception)
+        raise
+    assert report.plan.block_options is not None
+    assert report.planned_peak.peak_bytes <= checkpointing
+
+
+def test_below_the_all_checkpoint_floor_the_error_names_a_floor_that_runs() -> None:
+    x = torch.randn(128, 32)
+    search, facts = _search(_Stack(depth=4), x)
+    floor = plan_chain(search, find_chain(facts), 1).floor
+    assert floor is not None
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as raised:
+        _report(_Stack(depth=4), floor.peak // 3, x)
+    error = raised.value.inner_exception
+    assert isinstance(error, BudgetError)
+    assert error.smallest_feasible_bytes <= floor.peak  # the greedy search may go below the chain's floor
+    report = _report(_Stack(depth=4), error.smallest_feasible_bytes, x)
+    assert report.planned_peak.peak_bytes <= error.smallest_feasible_bytes
+
+
+def test_a_blocks_recompute_runs_in_its_own_backward() -> None:
+    """Every block checkpointed: each value a block's backward recomputes is made for, and read only by, the
+    backward ops of that block (so it is freed before the next block's backward begins)."""
+    search, facts = _search(_Stack(depth=3), torch.randn(64, 32))
+    blocks = find_chain(facts)
+    trace = plan_chain(search, blocks, 1).floor.trace
+    block_of = {n: k for k, b in enumerate(blocks) for n in b.forward}
+    block_of_backward = {n: k for k, b in enumerate(blocks) for n in b.backward}
+    recomputed_in = set()
+    for i in range(trace.boundary, len(trace.ops)):
+        op = trace.ops[i]
+        if not op.is_recompute or op.node not in block_of:
+            continue
+        owner = facts.backward[trace.owner[i - trace.boundary]]
+        assert block_of_backward.get(owner) == block_of[op.node], op.node
+        recomputed_in.add(block_of[op.node])
+        for reader in trace.readers[i]:
+            reader_owner = facts.backward[trace.owner[reader - trace.boundary]]
+            assert block_of_backward.get(reader_owner) == block_of[op.node], (op.node, trace.ops[reader].node)
+    assert recomputed_in == {0, 1, 2}
