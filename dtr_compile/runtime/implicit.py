@@ -87,9 +87,13 @@ class StepScope:
         self._depth = 0
         self._keys: tuple[bool, ...] = ()
         self._wrapped_backward = False  # this scope counts as a user of the backward wrapper
+        self._buckets: Any = None  # DDP's bucket rebuild: a step that does it is no fraction's reference
 
     def enter(self) -> None:
+        from ..distributed import BucketWatch
+
         runtime = self.runtime
+        self._buckets = BucketWatch(self.owner)
         runtime.reference_peak_bytes = self.steps.calibrations.get(self.owner)
         self._depth = len(_get_current_dispatch_mode_stack())
         self._keys = tuple(torch._C._dispatch_tls_is_dispatch_key_included(k) for k in _PYTHON_KEYS)
@@ -129,6 +133,7 @@ class StepScope:
         if needed is not None and not failed:
             self.steps.budget_error = runtime._overrun_error(needed, replanned=True)
         whole = self.backward_began and (self.outside or not self.steps.attachable(self.owner))
+        whole = whole and not (self._buckets is not None and self._buckets.rebuilt())  # see distributed.py
         if calibrating and not failed and whole:  # a step with its loss and backward seen: the fraction's reference
             self.steps.calibrations[self.owner] = runtime.reference_peak_bytes
 
@@ -302,6 +307,8 @@ class ThreadSteps:
         scope = self.scope
         if scope is None or runtime is not scope.runtime or scope.backward_began or not runtime.active:
             return
+        if _tracing():  # a compile tracing a joint graph runs the autograd engine: not the step's backward
+            return
         scope.backward_began = True
         torch.autograd.Variable._execution_engine.queue_callback(scope.end_runtime_step)
 
@@ -460,7 +467,7 @@ def _reporting(original: Any) -> Any:
             returned = True
             return result
         finally:
-            if torch._C._current_graph_task_id() == -1:  # not a backward inside a backward
+            if torch._C._current_graph_task_id() == -1 and not _tracing():  # not a backward inside a backward
                 error = STEPS.here.after_backward_call()
                 if error is not None and returned:
                     raise error
@@ -472,6 +479,14 @@ def _reporting(original: Any) -> Any:
 
 
 _BACKWARD_WRAPPER = _BackwardWrapper()
+
+
+def _tracing() -> bool:
+    """Is TorchDynamo compiling a frame on this thread? AOTAutograd traces a graph's backward by calling
+    `torch.autograd.grad` on fake tensors: with a step open (a frame first seen in the middle of a step, such as
+    the loss after a graph break under DDP), that call is no backward pass of the step; ending the step there
+    popped the runtime's mode under Dynamo's own and left torch's Python key on over an empty mode stack."""
+    return torch._guards.TracingContext.try_get() is not None
 
 
 def _runtime_settings() -> tuple:
