@@ -21,6 +21,7 @@ from torch._prims import rng_prims
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..roofline import estimate_call
+from .accumulate import accumulation_target, add_in_place, calibrate
 from .calls import flatten_call, flatten_result, op_info, written_leaves
 from .operations import Inputs, record_outputs
 from .recipe import Recipe, RngState
@@ -37,6 +38,7 @@ class DTRMode(TorchDispatchMode):
     def __init__(self, runtime: Runtime) -> None:
         super().__init__()
         self.runtime = runtime
+        calibrate()  # once a process, at a step's start: backward sums in place (accumulate.py)
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -57,8 +59,11 @@ class DTRMode(TorchDispatchMode):
             return func(*args, **(kwargs or {}))
         if func in _ALIAS_OPS and runtime.recorder is None:
             return _alias(runtime, func, args, kwargs or {})
-        if runtime.on_backward is not None and torch._C._current_graph_task_id() != -1:
-            runtime.on_backward(runtime)  # the first op of a backward pass (an implicit step ends with it)
+        if torch._C._current_graph_task_id() != -1:
+            if not runtime.in_backward:
+                runtime.backward_began()
+            if runtime.on_backward is not None:
+                runtime.on_backward(runtime)  # the first op of a backward pass (an implicit step ends with it)
         try:
             return run_call(runtime, func, args, kwargs or {})
         except BaseException:
@@ -118,12 +123,14 @@ def run_call(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict
     if workspace is None:
         workspace = facts.workspace = workspace_bytes(func, args, fresh_expected or 0, _device_of_call(flat))
     storages = inputs.storages
-    engine.reserve(storages, (fresh_expected or 0) + workspace, name)
+    # A backward's sum of two gradients into the first one's bytes, as autograd does without a mode: no new room.
+    summed_into = accumulation_target(rt, func, args, kwargs, inputs.leaves)
+    engine.reserve(storages, (0 if summed_into is not None else fresh_expected or 0) + workspace, name)
     try:
         rng = RngState.capture(_device_of_call(flat), _generator_of(flat)) if info.random else None
         hold_rng_state(rt, rng)  # its bytes count against the budget (room made in workspace_bytes)
         start = time.perf_counter()
-        result = func(*args, **kwargs)
+        result = func(*args, **kwargs) if summed_into is None else add_in_place(args, kwargs)
         elapsed = time.perf_counter() - start
         rt.compute_seconds += elapsed
         cost = facts.observe(elapsed, lambda: estimate_call(func, args, kwargs, result), rt.measure_costs)
@@ -133,7 +140,7 @@ def run_call(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict
     results, _ = flatten_result(result)
     record_outputs(rt, name, flat, inputs, written, results, cost, workspace,
                    lambda sources: Recipe(func, spec, inputs.leaves, frozenset(written), sources, rng),
-                   unpredicted=fresh_expected is None)
+                   unpredicted=fresh_expected is None, consumed=() if summed_into is None else (summed_into,))
     return result
 
 
