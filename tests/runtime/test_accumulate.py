@@ -44,7 +44,8 @@ def _step(model: nn.Module) -> torch.Tensor:
 
 
 needs_swap = pytest.mark.skipif(
-    not compat.uses_storage_swap(), reason="this torch release cannot swap storage data pointers: sums stay out of place"
+    not compat.uses_storage_swap(),
+    reason="this torch release cannot swap storage data pointers: sums stay out of place",
 )
 
 
