@@ -116,6 +116,8 @@ class CompiledPart:
         runtime = active_runtime()
         if runtime is None:
             return self.inner(args)
+        if not runtime.in_backward and torch._C._current_graph_task_id() != -1:
+            runtime.backward_began()
         if self.on_call is not None:
             self.on_call(runtime)
         try:

@@ -127,9 +127,11 @@ class StepScope:
         calibrating = runtime.calibrating
         failed = failed or runtime.failed
         runtime.index.on_empty = None
+        try:
+            runtime.end_step(failed=failed)  # its restores run under the budget, in overrun mode too
+        finally:
+            runtime.engine.overrun = False
         needed = runtime._overrun_bytes()
-        runtime.engine.overrun = False
-        runtime.end_step(failed=failed)
         if needed is not None and not failed:
             self.steps.budget_error = runtime._overrun_error(needed, replanned=True)
         whole = self.backward_began and (self.outside or not self.steps.attachable(self.owner))
