@@ -183,6 +183,10 @@ class Engine:
         self.overrun = False
         self.overrun_need: int | None = None
         self.overrun_at = ""  # the first operation that did not fit, and why
+        # A strict reservation (see `reserve`) raises BudgetError where overrun mode would raise the budget; the
+        # step stays in overrun mode for everything else (a recompute beyond thrash_limit raises the budget).
+        self._strict = False
+        self.budget_asked: int | None = None  # the budget before overrun mode raised it, for error messages
         self._ticks = 0  # for Storage.evictable_since
 
     # ------------------------------------------------------------------------------------ creation
@@ -207,10 +211,10 @@ class Engine:
             # Accessed when the operation is requested, before any recompute it triggers (as in the DTR
             # simulator): the recompute chain's own cost does not make the inputs look fresher.
             storage.last_access = self.clock
-        overrun = self.overrun
+        was_strict = self._strict
         try:
             if strict:
-                self.overrun = False
+                self._strict = True
             self._check_reachable(inputs, out_bytes)
             # The deep ones first (see `_next_missing`): what a shallow one brings back is held (locked) after.
             missing = sorted((s for s in inputs if not s.resident), key=lambda s: not _has_evicted_parent(s))
@@ -223,7 +227,7 @@ class Engine:
                 self._unlock(storage)
             raise
         finally:
-            self.overrun = overrun
+            self._strict = was_strict
 
     def record(
         self,
@@ -405,7 +409,7 @@ class Engine:
         while self.memory + nbytes > self.budget_bytes:
             victim = self._choose_victim()
             if victim is None:
-                if self.overrun:
+                if self.overrun and not self._strict:
                     self._raise_budget_to(self.memory + nbytes)
                     return
                 self._raise_budget_error(nbytes)
@@ -586,11 +590,18 @@ class Engine:
                     self._raise_budget_to(max(self.budget_bytes, self.memory), "recomputed beyond thrash_limit")
                     self.budget_bytes = None
                 return
+            budget = self.budget_bytes
+            if budget is None and self.overrun_need is not None:  # overrun mode raised it, then lifted it
+                budget = self.budget_asked
+            if budget is None:  # the caller lifted the budget (restoring what outlives a failed step)
+                where, change = "with the budget lifted", "Raise memory_budget"
+            else:
+                where = f"under a budget of {format_bytes(budget)} ({budget} bytes)"
+                change = f"Raise memory_budget above {budget} bytes so that less is recomputed"
             raise ThrashError(
                 f"thrashing while running {self._current_op!r} (recomputing {recomputed!r}): recompute cost "
                 f"{self.remat_cost:.4g} exceeds {self.thrash_limit:g} x the original compute {reference:.4g} "
-                f"under a budget of {format_bytes(self.budget_bytes)}. Raise memory_budget, or raise "
-                f"dtr_compile.config.thrash_limit (None disables the guard)."
+                f"{where}. {change}, or raise dtr_compile.config.thrash_limit (None disables the guard)."
             )
 
     def _check_reachable(self, inputs: Sequence[Storage], nbytes: int) -> None:
@@ -604,7 +615,7 @@ class Engine:
             if storage.counted and (storage.pool_index >= 0 or not storage.resident):
                 floor += storage.nbytes
         if floor > self.budget_bytes:
-            if self.overrun:
+            if self.overrun and not self._strict:
                 self._raise_budget_to(floor)
                 return
             self._raise_budget_error(nbytes, floor=floor)
@@ -615,6 +626,7 @@ class Engine:
         assert self.budget_bytes is not None
         if self.overrun_need is None:
             self.overrun_at = f"{self._current_op!r} {why}"
+            self.budget_asked = self.budget_bytes
         self.overrun_need = max(self.overrun_need or 0, needed)
         self.budget_bytes = max(self.budget_bytes, needed)
 
