@@ -39,14 +39,25 @@ def measured_from(spec: Spec) -> int:
     return 3 if spec.wrapper == "ddp" else 2
 
 
+class Block(torch.nn.Module):
+    """Linear then GELU. A class of its own, not `nn.Sequential`: TorchDynamo does not compile a frame of torch's
+    own code on its own, and under FSDP2 (whose hooks break the graph around every block) each block's forward
+    is such a frame."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.linear(x))
+
+
 class MLP(torch.nn.Module):
     """Linear+GELU blocks: activations (batch x width per op) dominate its weights' gradients."""
 
     def __init__(self, width: int = 256, depth: int = 8) -> None:
         super().__init__()
-        self.blocks = torch.nn.ModuleList(
-            torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU()) for _ in range(depth)
-        )
+        self.blocks = torch.nn.ModuleList(Block(width) for _ in range(depth))
         self.head = torch.nn.Linear(width, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -145,3 +156,47 @@ def train_steps(rank: int, world: int, spec: Spec) -> dict[Any, dict[str, Any]]:
             "missing_grads": sum(g is None for g in grads),
         }
     return results
+
+
+def fsdp2_under_dtr(rank: int, world: int, spec: Spec) -> dict[str, Any]:
+    """FSDP2 compiled with `backend="dtr"`: with no budget, the gradients of eager FSDP2; with a budget, the
+    step refuses with `UnsupportedWrapperError` (dtr_compile/distributed.py) and leaves no runtime state."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    import dtr_compile
+    from dtr_compile.distributed import UnsupportedWrapperError
+    from dtr_compile.runtime import finish_steps
+    from dtr_compile.runtime.dispatch import DTRMode
+
+    base, loss_of = build(spec, rank)
+    grads = {}
+    for name in ("eager", "dtr"):
+        torch._dynamo.reset()
+        model = copy.deepcopy(base)
+        wrapped = wrap(spec, model)
+        runner = wrapped if name == "eager" else torch.compile(wrapped, backend="dtr")
+        with dtr_compile.config.patch(memory_budget=None, codegen=spec.codegen):
+            for i in range(2):
+                model.zero_grad(set_to_none=True)
+                torch.manual_seed(i)
+                loss_of(runner).backward()
+        grads[name] = _grads(model)
+    diff = max((a - b).abs().max().item() for a, b in zip(grads["dtr"], grads["eager"]))
+    torch._dynamo.reset()
+    model = copy.deepcopy(base)
+    compiled = torch.compile(wrap(spec, model), backend="dtr")
+    error = ""
+    with dtr_compile.config.patch(memory_budget=spec.budgets[0], codegen=spec.codegen):
+        try:
+            loss_of(compiled).backward()
+        except UnsupportedWrapperError as exc:
+            error = str(exc)
+    finish_steps()
+    left = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, DTRMode)]
+    return {
+        "grad_diff": diff,
+        "grad_scale": max(g.abs().max().item() for g in grads["eager"]),
+        "error": error,
+        "modes_left": len(left),
+        "python_key": torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.Python),
+    }
