@@ -23,8 +23,9 @@ from typing import Any, Literal, Self
 
 from .errors import ConfigError
 
-Budget = int | float | None
-"""A normalized budget: int = bytes, float in (0, 1] = fraction of the no-remat peak, None = no remat."""
+Budget = int | float | str | None
+"""A normalized budget: int = bytes, float in (0, 1] = fraction of the no-remat peak, "auto" = what the CUDA device
+has free at each step's start less a margin (auto_budget.py), None = no remat."""
 
 # ---------------------------------------------------------------------------------------------- flags
 
@@ -32,7 +33,9 @@ Budget = int | float | None
 # state and inputs are not counted). Bytes as an int or a string ("1.5GB", "512MiB", "800 MB"), a float
 # in (0, 1] as a fraction of the same step's peak without rematerialization, or None for no remat. A bare
 # number in a string (from argv or the environment) reads as the same number would in Python: "0.5" is the
-# fraction 0.5 (so is "1": the whole peak), and a whole number above 1 is bytes ("8e9", "123").
+# fraction 0.5 (so is "1": the whole peak), and a whole number above 1 is bytes ("8e9", "123"). "auto": on CUDA,
+# the device's free memory at each step's start less a margin for the allocator (dtr_compile/auto_budget.py);
+# on CPU a DeviceError asks for a number when a step or a compile resolves it.
 memory_budget: Budget = None
 
 # Eviction heuristic of the online runtime (see dtr_compile.engine.heuristics for the formulas).
@@ -92,6 +95,12 @@ recompute_kernels: Literal["auto", "triton", "off"] = "auto"
 # not managed (no per-op overhead outside the regions, but nothing bounds what it allocates).
 compiled_steps: Literal["runtime", "plan_only"] = "runtime"
 
+# Keep compiled regions' plans on disk (passes/plan_cache.py), keyed by the joint graph's structure, the budget and
+# the settings, with the peak measured at compile time: a second process compiling the same graph under the same
+# budget neither plans nor measures. Under $DTR_COMPILE_CACHE_DIR, else Inductor's cache directory (dtr_plans/);
+# TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 turns it off too. False: plans are kept in memory only.
+plan_cache: bool = True
+
 # ------------------------------------------------------------------------------------------ validation
 
 _SI = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -100,8 +109,8 @@ _UNITS = {**_SI, **_IEC}
 _BUDGET_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*$")
 _ACCEPTED_BUDGETS = (
     "an int number of bytes, a string like '1.5GB', '512MiB' or '800 MB' (units B, KB, MB, GB, TB, KiB, MiB, "
-    "GiB, TiB), a float fraction in (0, 1] of the no-remat peak (also as a string: '0.5'), or None for no "
-    "rematerialization"
+    "GiB, TiB), a float fraction in (0, 1] of the no-remat peak (also as a string: '0.5'), 'auto' (the CUDA "
+    "device's free memory less a margin), or None for no rematerialization"
 )
 # The most bytes a budget or a byte count may name: 2**62 B (4 EiB), far above any device, and small enough
 # that sums of a few of them stay within the int64 and float arithmetic that torch, numpy and the planner use.
@@ -147,6 +156,8 @@ def parse_budget(value: Any) -> Budget:
             f"memory_budget={_short(value)}: a float is a fraction in (0, 1] of the no-remat peak; for bytes pass an "
             f"int or a string such as '{value:g}B'"
         )
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
     if isinstance(value, str):
         match = _BUDGET_RE.match(value)
         if not match:
@@ -255,6 +266,15 @@ def _check_codegen(value: Any) -> str:
     raise ConfigError(f"codegen={_short(value)}; expected 'inductor' or 'fx'")
 
 
+def _check_bool(name: str):
+    def check(value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}={_short(value)}; expected True or False")
+
+    return check
+
+
 def _check_compiled_steps(value: Any) -> str:
     if isinstance(value, str) and value in ("runtime", "plan_only"):
         return value
@@ -292,6 +312,7 @@ _VALIDATORS = {
     "cost_mode": _check_cost_mode,
     "recompute_kernels": _check_recompute_kernels,
     "compiled_steps": _check_compiled_steps,
+    "plan_cache": _check_bool("plan_cache"),
 }
 
 

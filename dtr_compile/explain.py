@@ -56,6 +56,7 @@ class Explanation:
                 f"{plan.recompute_s * 1e3:.2f} ms modelled over {plan.compute_s * 1e3:.2f} ms of compute; "
                 f"planned in {plan.planning_s:.3f} s"
             )
+            parts.append(f"  {report.times}")
             parts.append(f"  {'tensor':<36} {'decision':<14} {'bytes':>12} {'cost':>10}  source")
             for d in _decisions(report):
                 what = d.decision if d.recomputes <= 1 else f"{d.decision} x{d.recomputes}"

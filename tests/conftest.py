@@ -6,12 +6,14 @@ any test module loads, for the kernel tests (tests/kernels) to run Triton kernel
 GPU it changes nothing else: Inductor's CPU code generator does not use Triton. An explicit TRITON_INTERPRET
 in the environment is left as it is.
 
-Every test starts and ends with no dtr_compile dispatch mode on the stack.
+Every test starts and ends with no dtr_compile dispatch mode on the stack, and with no plan kept in memory by the
+plan cache (passes/plan_cache.py), whose on-disk store is a fresh directory per session: every test plans afresh.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -19,6 +21,15 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("DTR_COMPILE_CACHE_DIR", tempfile.mkdtemp(prefix="dtr-plans-"))
+
+
+@pytest.fixture(autouse=True)
+def _no_plan_kept():
+    from dtr_compile.passes import plan_cache
+
+    plan_cache.clear_memory()
+    yield
 
 
 @pytest.fixture(autouse=True)

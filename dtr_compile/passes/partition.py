@@ -19,8 +19,9 @@ from __future__ import annotations
 import hashlib
 import math
 import pathlib
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import fx
@@ -30,6 +31,7 @@ from torch.fx.experimental.proxy_tensor import is_sym_node
 from .. import config
 from ..config import Budget
 from ..errors import BudgetError, format_bytes
+from . import plan_cache
 from .costs import CostMode, annotate_costs
 from .fuse_recompute import FusionReport, fuse_recomputes
 from .paging import page_schedule
@@ -42,6 +44,32 @@ try:  # Inductor's interface for custom partitioners (keys its caches by our uui
     from torch._inductor.custom_graph_pass import CustomPartitionerFn as _PartitionerBase
 except ImportError:  # pragma: no cover - torch builds without Inductor
     _PartitionerBase = object  # type: ignore[assignment,misc]
+
+
+@dataclass
+class CompileTimes:
+    """Where a region's first call went, summed over every plan and compile of the region (seconds)."""
+
+    min_cut_s: float = 0.0  # torch.compile's own partition (PyTorch's min-cut partitioner)
+    plan_s: float = 0.0  # cost pass, planning, emitting and modelling the plan (or reading it from the cache)
+    fusion_s: float = 0.0  # recompute kernels pass, and splitting into forward and backward
+    codegen_s: float = 0.0  # the code generator (Inductor), without the partitioner's own time
+    measure_s: float = 0.0  # compile-time measurement of the compiled region (verify.py)
+    plans: int = 0  # partitioner calls
+    compiles: int = 0  # compiles of the whole region (verify.py)
+    measures: int = 0
+    cached: int = 0  # plans read from the plan cache (plan_cache.py)
+
+    @property
+    def partition_s(self) -> float:
+        return self.min_cut_s + self.plan_s + self.fusion_s
+
+    def __str__(self) -> str:
+        return (
+            f"first call: {self.compiles} compile(s), code generator {self.codegen_s:.1f} s; {self.plans} plan(s) "
+            f"{self.plan_s:.1f} s ({self.cached} from the cache), min-cut partition {self.min_cut_s:.1f} s, "
+            f"fusion and split {self.fusion_s:.1f} s; {self.measures} measurement(s) {self.measure_s:.1f} s"
+        )
 
 
 @dataclass
@@ -63,6 +91,23 @@ class PlanReport:
     # "min_cut": the region runs torch.compile's own partition (the plan recomputes nothing beyond it);
     # "planned": the split of `planned` (or of the fusion pass's graph)
     partition: str = "planned"
+    model_scale: float = 1.0  # what the model was held to, as a fraction of the budget (target_bytes / budget)
+    cache_key: str | None = None  # plan_cache.py: where this plan is kept
+    from_cache: bool = False  # read from the plan cache: not planned (and, under Inductor, not measured) again
+    times: CompileTimes = field(default_factory=CompileTimes)  # the region's first call so far (shared per region)
+    baseline_plan: Plan | None = None  # the no-remat schedule's plan (what `no_remat` models)
+
+
+# Under Inductor a plan aims its *measured* peak at this fraction of the budget: the middle of issue 17's band
+# [0.90, 1.00], leaving room for the measured / modelled ratio to move a little between plans of one graph.
+AIM = 0.95
+MAX_SCALE = 1.25  # a model that overestimated Inductor's memory is trusted to go this far above the budget
+
+
+def model_scale_for(ratio: float | None) -> float:
+    """The model_scale that aims a plan's measured peak at AIM x the budget, given the ratio measured / modelled
+    seen on the same graph before (verify.py, plan_cache.calibration); None: none seen, the model taken as exact."""
+    return min(MAX_SCALE, AIM / ratio) if ratio is not None else AIM
 
 
 def resolve_budget(budget: Budget, no_remat_peak: int) -> int | None:
@@ -94,8 +139,49 @@ def plan_joint(
     reach the budget.
     `model_scale`: hold the modelled peak to `model_scale` x the budget (below 1 when a measurement of
     the compiled code showed that it uses more memory than modelled, see verify.py)."""
+    plan_cache.COUNTS["plans"] += 1
     with paused_gc():
         return _plan_joint(joint, budget, num_fwd_outputs, cost_mode, keep, codegen, model_scale, memory_model)
+
+
+def replay_joint(
+    joint: fx.GraphModule, entry: dict[str, Any], *, num_fwd_outputs: int, cost_mode: CostMode, codegen: str
+) -> PlanReport:
+    """The PlanReport of a plan kept by plan_cache.py, rebuilt on `joint` without planning: the no-remat and the
+    planned schedules are emitted from their stored traces and modelled again (KeyError, ValueError: a miss)."""
+    inductor = entry["memory_model"] == "inductor"
+    annotate_costs(joint, mode=cost_mode, codegen=codegen)
+    baseline = plan_cache.plan_from_data(joint, entry["baseline"])
+    baseline_gm = emit_plan(joint, baseline, num_fwd_outputs=num_fwd_outputs)
+    no_remat = schedule_peak(baseline_gm, num_fwd_outputs=num_fwd_outputs, inductor=inductor)
+    if entry["plan"] is None:
+        plan, planned, peak = baseline, baseline_gm, no_remat
+    else:
+        plan = plan_cache.plan_from_data(joint, entry["plan"])
+        planned = emit_plan(joint, plan, num_fwd_outputs=num_fwd_outputs)
+        peak = schedule_peak(planned, num_fwd_outputs=num_fwd_outputs, inductor=inductor)
+    if peak.peak_bytes != entry["planned_peak_bytes"]:
+        raise ValueError("the stored plan models a different peak here")
+    return PlanReport(
+        joint, planned, plan, entry["budget_bytes"], no_remat, peak, num_fwd_outputs,
+        target_bytes=entry["target_bytes"], measured_peak_bytes=entry["measured_peak_bytes"],
+        memory_model=entry["memory_model"], model_scale=entry["model_scale"], from_cache=True,
+    )  # fmt: skip
+
+
+def cache_entry(report: PlanReport) -> dict[str, Any]:
+    """What plan_cache.py keeps of `report` (its plan, the no-remat schedule, and how the plan was made)."""
+    baseline = report.no_remat is report.planned_peak
+    return {
+        "baseline": plan_cache.plan_to_data(report.baseline_plan or report.plan),
+        "plan": None if baseline else plan_cache.plan_to_data(report.plan),
+        "budget_bytes": report.budget_bytes,
+        "target_bytes": report.target_bytes,
+        "planned_peak_bytes": report.planned_peak.peak_bytes,
+        "measured_peak_bytes": report.measured_peak_bytes,
+        "memory_model": report.memory_model,
+        "model_scale": report.model_scale,
+    }
 
 
 def _plan_joint(
@@ -121,7 +207,7 @@ def _plan_joint(
     if target is None or target >= no_remat.peak_bytes:
         return PlanReport(
             joint, baseline_gm, baseline, budget_bytes, no_remat, no_remat, num_fwd_outputs, target_bytes=target,
-            memory_model=model_name,
+            memory_model=model_name, model_scale=model_scale, baseline_plan=baseline,
         )
     plan = plan_schedule(joint, target, num_fwd_outputs=num_fwd_outputs, keep=keep, inductor=inductor)
     if not plan.fits:
@@ -135,7 +221,7 @@ def _plan_joint(
             paged_plan.smallest_peak_bytes = min(floor, peak.peak_bytes)
             return PlanReport(
                 joint, planned, paged_plan, budget_bytes, no_remat, peak, num_fwd_outputs, target_bytes=target,
-                memory_model=model_name,
+                memory_model=model_name, model_scale=model_scale, baseline_plan=baseline,
             )
         smallest = math.ceil(floor / model_scale)  # in the user's terms
         error = BudgetError(
@@ -156,7 +242,8 @@ def _plan_joint(
             f"{peak.peak_bytes}: please report this with the model that triggered it"
         )
     return PlanReport(
-        joint, planned, plan, budget_bytes, no_remat, peak, num_fwd_outputs, target_bytes=target, memory_model=model_name
+        joint, planned, plan, budget_bytes, no_remat, peak, num_fwd_outputs, target_bytes=target, memory_model=model_name,
+        model_scale=model_scale, baseline_plan=baseline,
     )
 
 
@@ -286,16 +373,84 @@ class DTRPartitioner(_PartitionerBase):
         self.model_scale = model_scale
         self.memory_model = memory_model
         self.reports: list[PlanReport] = []
+        self.times = CompileTimes()  # the region's first call (verify.py adds the compiles and measurements)
+        # The region's first plan: read from the plan cache if kept there, else held to the calibrated fraction of
+        # the budget. verify.py clears it before planning again with a model_scale of its own.
+        self.first = True
+        self.cache_key: str | None = None  # plan_cache.py keys of the last call (verify.py stores under them)
+        self.calibration_key: str | None = None
+        self.structure: str | None = None  # plan_cache.graph_structure of the last graph planned
 
     def __call__(
         self, gm: fx.GraphModule, joint_inputs: Sequence[Any], *, num_fwd_outputs: int, **kwargs: Any
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        times = self.times
+        times.plans += 1
+        clock = time.perf_counter()
         keep = min_cut = None
         if self.start_from_min_cut:
             *min_cut, keep = min_cut_partition(
                 gm, joint_inputs, num_fwd_outputs, kwargs.get("static_lifetime_input_indices")
             )
+        now = time.perf_counter()
+        times.min_cut_s += now - clock
+        clock = now
         codegen = self.codegen if self.codegen is not None else config.codegen
+        try:
+            report = self._plan(gm, num_fwd_outputs, keep, codegen)
+        finally:
+            now = time.perf_counter()
+            times.plan_s += now - clock
+            clock = now
+        report.fusion = fuse_recomputes(
+            report.planned, num_fwd_outputs=num_fwd_outputs, budget_bytes=report.budget_bytes, codegen=codegen
+        )
+        self.reports.append(report)
+        if codegen != "inductor" and not report.from_cache and report.budget_bytes is not None:
+            plan_cache.store(report.cache_key, cache_entry(report))  # the FX model is exact: nothing to measure
+        try:
+            if min_cut is not None and report.planned_peak is report.no_remat and not report.fusion.enabled:
+                # Nothing to recompute beyond torch.compile's own partition: run that partition as it is.
+                # (Not when the recompute kernels are on: they switch every dropout to their own RNG, and the
+                # random numbers must not depend on the budget.)
+                report.partition = "min_cut"
+                return min_cut[0], min_cut[1]
+            forward, backward = split_joint(report.fusion.graph, num_fwd_outputs=num_fwd_outputs)
+            if codegen == "inductor" and report.memory_model == "exact":
+                # The exact model counts every value where the plan computes it; Inductor must compute it there.
+                # (The FX graph cache cannot confuse these graphs with unpinned ones: its key holds our __reduce__.)
+                for part in (forward, backward):
+                    pin_values_before_recomputes(part)
+            return forward, backward
+        finally:
+            times.fusion_s += time.perf_counter() - clock
+
+    def _plan(
+        self, gm: fx.GraphModule, num_fwd_outputs: int, keep: frozenset[str] | None, codegen: str
+    ) -> PlanReport:
+        """The plan of the region's first call from the plan cache when it holds one, else from the planner, with
+        the model held to the calibrated fraction of the budget (see `model_scale_for`)."""
+        self.structure = plan_cache.graph_structure(gm, num_fwd_outputs)
+        self.calibration_key = plan_cache.calibration_key(self.structure, (self.cost_mode, codegen))
+        key = self.cache_key = self.key_for(self.budget)
+        entry = plan_cache.load(key) if self.first else None
+        if entry is not None and "smallest_feasible_bytes" in entry:
+            error = BudgetError(entry["message"], budget_bytes=entry["budget_bytes"],
+                                smallest_feasible_bytes=entry["smallest_feasible_bytes"])  # fmt: skip
+            error.from_cache = True
+            raise error
+        if entry is not None:
+            try:
+                report = replay_joint(gm, entry, num_fwd_outputs=num_fwd_outputs, cost_mode=self.cost_mode, codegen=codegen)
+            except (KeyError, ValueError, TypeError, IndexError):  # not this graph's plan after all
+                report = None
+            if report is not None:
+                self.times.cached += 1
+                report.cache_key, report.times = key, self.times
+                self.memory_model, self.model_scale = report.memory_model, report.model_scale
+                return report
+        if self.first and codegen == "inductor" and self.memory_model is None:
+            self.model_scale = model_scale_for(plan_cache.calibration(self.calibration_key))
         report = plan_joint(
             gm,
             self.budget,
@@ -306,23 +461,17 @@ class DTRPartitioner(_PartitionerBase):
             model_scale=self.model_scale,
             memory_model=self.memory_model,
         )
-        report.fusion = fuse_recomputes(
-            report.planned, num_fwd_outputs=num_fwd_outputs, budget_bytes=report.budget_bytes, codegen=codegen
+        report.cache_key, report.times = key, self.times
+        return report
+
+    def key_for(self, budget: Budget) -> str | None:
+        """The plan cache key of the last graph planned, under `budget` instead of this partitioner's own."""
+        if self.structure is None:
+            return None
+        codegen = self.codegen if self.codegen is not None else config.codegen
+        return plan_cache.plan_key(
+            self.structure, (repr(budget), self.cost_mode, self.start_from_min_cut, codegen, _source_hash())
         )
-        self.reports.append(report)
-        if min_cut is not None and report.planned_peak is report.no_remat and not report.fusion.enabled:
-            # Nothing to recompute beyond torch.compile's own partition: run that partition as it is.
-            # (Not when the recompute kernels are on: they switch every dropout to their own RNG, and the
-            # random numbers must not depend on the budget.)
-            report.partition = "min_cut"
-            return min_cut[0], min_cut[1]
-        forward, backward = split_joint(report.fusion.graph, num_fwd_outputs=num_fwd_outputs)
-        if codegen == "inductor" and self.memory_model == "exact":
-            # The exact model counts every value where the plan computes it; Inductor must compute it there.
-            # (The FX graph cache cannot confuse these graphs with unpinned ones: its key holds our __reduce__.)
-            for part in (forward, backward):
-                pin_values_before_recomputes(part)
-        return forward, backward
 
     def __deepcopy__(self, memo: dict) -> DTRPartitioner:
         # Inductor snapshots its config (which holds us) by deep copy; the reports must stay shared.

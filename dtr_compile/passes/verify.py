@@ -1,25 +1,35 @@
-"""Measure a compiled region once at compile time, and plan it again, tighter, if it exceeds the budget.
+"""Measure a compiled region once at compile time, and compile it once more if the measurement misses the budget.
 
 The planner holds a *model* of the peak to the budget. For plain FX execution the model is exact; for
 Inductor it is close but not exact (inlining.py models the pointwise ops Inductor inlines, not the
 kernels it fuses or the buffers it writes in place), and it can be off in either direction by ~15%.
 The budget is about measured memory, so under Inductor the backend measures the compiled region:
 
-    compile (plan with the model held to the budget)
+    compile (the model held to AIM x the budget / the graph's calibrated measured-to-modelled ratio)
     run one training step of the region on stand-ins of its inputs, measure its peak (measure.py)
-    while the measured peak is above the budget (at most MAX_REPLANS times):
-        plan again with the model held to budget x (modelled peak / measured peak), and recompile
+    if the measured peak is above the budget, or below BAND x the budget:
+        plan once more, aimed with this plan's own ratio, and compile (keep the first if the second exceeds)
+    neither meets it: BudgetError naming the lower measured peak (a budget that plan is shown to meet)
 
-Cost: two steps of the region at compile time (a warm-up and the measured step; the backend compiles
-the backward together with the forward for this), plus one full compile per re-plan. The
+At most MAX_COMPILES compiles per region (issue 17: one plan, not a search of compiled candidates; each Inductor
+compile costs 15-100 s on CPU). The ratio measured / modelled is kept per graph (plan_cache.py), so later budgets
+of the same graph aim their first plan with it, and the kept plan with its measured peak, so that a second process
+neither plans nor measures. When the planner cannot reach the budget at all, its lowest plan is compiled and
+measured (the model may be pessimistic) instead.
+
+Cost: two steps of the region per measurement (a warm-up and the measured step; the backend compiles
+the backward together with the forward for this), plus the second compile when there is one. The
 step runs on copies of the buffers and user inputs (parameters are used as they are, their `.grad`
 put back afterwards) and restores the random number generators, so the user's state is unchanged.
+Where the time went is in `PlanReport.times` (`CompileTimes`, printed by explain).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,13 +38,12 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import BudgetError, format_bytes
 from ..measure import measure_peak
-from .partition import DTRPartitioner, PlanReport
+from . import plan_cache
+from .partition import DTRPartitioner, PlanReport, cache_entry, model_scale_for
 from .planner import paused_gc
 
 log = logging.getLogger(__name__)
 
-MAX_REPLANS = 2  # plans after the first: one held lower by the measured ratio, then the lowest plan
-SAFETY = 0.99  # a re-plan aims this much below the budget, since the model/measured ratio moves a little
 
 
 def measure_region(compiled: Callable[..., Any], example_inputs: Sequence[Any]) -> int | None:
@@ -105,131 +114,148 @@ def measure_region(compiled: Callable[..., Any], example_inputs: Sequence[Any]) 
 def compile_within_budget(
     compile_once: Callable[[], Callable[..., Any]], example_inputs: Sequence[Any], partitioner: DTRPartitioner
 ) -> Callable[..., Any]:
-    """Run `compile_once()` (which plans through `partitioner`), measure the result, and plan again while
-    the measured peak exceeds the budget: first with the model held lower by measured / modelled, then
-    with the planner's lowest plan. If even that one exceeds the budget (or the planner cannot reach the
-    budget in the first place), raise BudgetError naming the smallest budget known to be met: the measured
-    peak of the compiled lowest plan."""
+    """Compile the region (`compile_once()` plans through `partitioner`), measure it, and compile it once more
+    when the measured peak is above the budget, or below AIM's band (then the first compile is kept if the second
+    exceeds). At most MAX_COMPILES compiles: a budget neither meets raises BudgetError naming the smallest budget
+    shown to be met (the lower measured peak), and that budget's plan is kept in the plan cache, so that it runs.
+    A plan read from the plan cache is not measured again."""
+    run = _Attempts(compile_once, example_inputs, partitioner)
     try:
-        compiled = compile_once()
+        compiled = run.compile()
     except BudgetError as error:
-        if error.budget_bytes is None:
+        if error.budget_bytes is None or getattr(error, "from_cache", False):
             raise
-        compiled, floor, smallest = _lowest_plan(compile_once, example_inputs, partitioner, error)
-        if floor.measured_peak_bytes is not None and floor.measured_peak_bytes <= error.budget_bytes:
-            partitioner.reports.append(floor)  # the model thought it too low; the compiled code meets it
-            return compiled
-        raise _too_small(error.budget_bytes, smallest) from None
-    for attempt in range(MAX_REPLANS + 1):
-        if not partitioner.reports:
-            return compiled
-        report = partitioner.reports[-1]
-        if report.budget_bytes is None:
-            return compiled
-        measured = measure_region(compiled, example_inputs)
-        report.measured_peak_bytes = measured
-        report.replans = attempt
-        if measured is None or measured <= report.budget_bytes:
-            return compiled
-        log.info("dtr: measured %d bytes over a %d-byte budget; planning again", measured, report.budget_bytes)
-        partitioner.reports.remove(report)
-        if attempt + 1 < MAX_REPLANS:
-            # The model underestimated Inductor's memory by measured / modelled: hold the model that much lower.
-            partitioner.model_scale = SAFETY * report.planned_peak.peak_bytes / measured
-            try:
-                compiled = compile_once()
-                continue
-            except BudgetError:
-                pass  # the planner cannot go that low: its lowest plan is the last resort
-        compiled, floor, smallest = _lowest_plan(compile_once, example_inputs, partitioner, None, report.budget_bytes)
-        if floor.measured_peak_bytes is not None and floor.measured_peak_bytes <= report.budget_bytes:
-            floor.replans = attempt + 1
-            partitioner.reports.append(floor)
-            return compiled
-        raise _too_small(report.budget_bytes, smallest)
-    return compiled
+        run.first_key = partitioner.cache_key
+        return run.floor_plan(error, None)
+    run.first_key = partitioner.cache_key
+    if not partitioner.reports:
+        return compiled
+    report = partitioner.reports[-1]
+    if report.budget_bytes is None or report.from_cache and report.measured_peak_bytes is not None:
+        return compiled
+    measured = run.measure(compiled, report)
+    budget = report.budget_bytes
+    if measured is None:  # nothing to run it on: held by the model
+        return compiled
+    used = measured >= BAND * budget or report.planned_peak is report.no_remat
+    if measured <= budget and used:
+        return run.keep(compiled, report)
+    # Aim again with this plan's own measured / modelled ratio (now also the graph's calibration).
+    log.info("dtr: measured %d bytes against a %d-byte budget; planning once more", measured, budget)
+    partitioner.reports.remove(report)
+    partitioner.first = False
+    partitioner.model_scale = model_scale_for(measured / report.planned_peak.peak_bytes)
+    fits = (compiled, report) if measured <= budget else None
+    try:
+        second = run.compile()
+    except BudgetError as error:
+        if fits is not None:
+            return run.keep(*fits)
+        return run.floor_plan(error, (compiled, report))
+    again = partitioner.reports.pop()
+    measured_again = run.measure(second, again)
+    if measured_again is None or measured_again <= budget:
+        return run.keep(second, again)
+    if fits is not None:
+        return run.keep(*fits)
+    raise run.too_small(budget, [(compiled, report), (second, again)])
 
 
-# Model targets tried when the budget is not met otherwise, as multiples of the planner's lowest modelled peak.
-# The lowest modelled plan is not always the lowest measured one: the deepest plans (many recomputes, the
-# paging planner's) are where Inductor's memory strays furthest above the model, so a plan held a little higher
-# can measure lower. Tried from the highest down (the first that fits recomputes least).
-LOW_PLAN_TARGETS = (1.15, 1.1, 1.05, 1.0)
-# Then plans held by the exact memory model (every value allocated: what Inductor's inlining may save is not
-# counted on), at these fractions of the budget, from the highest down. Its plans can be deeper than the
-# Inductor model allows: on a BatchNorm CNN whose Inductor-model floor was 0.50 of no-remat, an exact-model
-# plan measured 0.42. Neither model ranks Inductor's measured peaks reliably at this depth (the same CNN's
-# exact-model plan held to 0.45 measured 0.51, the one held to 0.40 measured 0.42), hence several targets.
-EXACT_MODEL_SCALES = (1.0, 0.9, 0.8, 0.7)
+# Plans measured below this fraction of the budget are planned once more, aimed higher (issue 17's band).
+BAND = 0.90
 
 
-def _lowest_plan(
-    compile_once: Callable[[], Callable[..., Any]],
-    example_inputs: Sequence[Any],
-    partitioner: DTRPartitioner,
-    error: BudgetError | None,
-    budget_bytes: int | None = None,
-) -> tuple[Callable[..., Any], PlanReport, int]:
-    """Compile and measure low plans: those held to LOW_PLAN_TARGETS x the planner's lowest modelled peak, then
-    those held by the exact memory model to EXACT_MODEL_SCALES x the budget. Returns the first that meets the
-    budget, or else the one that shows the smallest budget feasible, as (compiled, its report, the smallest
-    budget it shows to be feasible: its measured peak, or its modelled one where that is higher). A plan kept
-    from the exact model leaves `partitioner.memory_model` set, so that compiling again plans the same way."""
-    budget_bytes = error.budget_bytes if error is not None else budget_bytes
-    assert budget_bytes is not None
-    floor = getattr(error, "modelled_floor_bytes", None)
-    if floor is None:  # plan for one byte: the planner then names its lowest peak
-        partitioner.model_scale = 1 / budget_bytes
+class _Attempts:
+    """The compiles and measurements of one region, timed into `partitioner.times` (explain shows them)."""
+
+    def __init__(
+        self, compile_once: Callable[[], Callable[..., Any]], example_inputs: Sequence[Any], partitioner: DTRPartitioner
+    ) -> None:
+        self.compile_once = compile_once
+        self.example_inputs = example_inputs
+        self.partitioner = partitioner
+        self.times = partitioner.times
+        self.first_key: str | None = None
+
+    def compile(self) -> Callable[..., Any]:
+        """compile_once(), timed; `times.compiles` counts the compiles that got past the planner."""
+        partitioning = self.times.partition_s
+        start = time.perf_counter()
         try:
-            compile_once()
-        except BudgetError as lowest:
-            floor = getattr(lowest, "modelled_floor_bytes", None)
-            error = error or lowest
-        if floor is None:
-            raise error or BudgetError(f"no plan meets the budget of {budget_bytes} bytes", budget_bytes=budget_bytes)
-    candidates = [(None, floor * factor / budget_bytes) for factor in LOW_PLAN_TARGETS]
-    if partitioner.memory_model is None:
-        candidates += [("exact", scale) for scale in EXACT_MODEL_SCALES]
-    best: tuple[Callable[..., Any], PlanReport, int, str | None] | None = None
-    exact_floor_tried = False
-    while candidates:
-        memory_model, scale = candidates.pop(0)
-        partitioner.memory_model, partitioner.model_scale = memory_model, scale
-        try:
-            compiled = compile_once()
-        except BudgetError as below:
-            exact_floor = getattr(below, "modelled_floor_bytes", None)
-            if memory_model == "exact" and exact_floor is not None and not exact_floor_tried:
-                # Below the exact model's own floor: the remaining exact targets are lower still; try that floor.
-                exact_floor_tried = True
-                candidates = [c for c in candidates if c[0] != "exact"] + [("exact", exact_floor / budget_bytes)]
-            continue
-        report = partitioner.reports.pop()
-        # The budget this plan is checked against. (A fractional budget resolves against the no-remat peak of
-        # the memory model planning, so an exact-model plan's own report holds a slightly different one.)
-        report.budget_bytes = budget_bytes
-        measured = measure_region(compiled, example_inputs)
+            compiled = self.compile_once()
+        finally:
+            self.times.codegen_s += time.perf_counter() - start - (self.times.partition_s - partitioning)
+        self.times.compiles += 1
+        return compiled
+
+    def measure(self, compiled: Callable[..., Any], report: PlanReport) -> int | None:
+        start = time.perf_counter()
+        measured = measure_region(compiled, self.example_inputs)
+        self.times.measure_s += time.perf_counter() - start
+        self.times.measures += 1
         report.measured_peak_bytes = measured
-        # A budget of max(measured, modelled) plans (the model reaches it) and is met (this plan meets it).
-        shown = report.planned_peak.peak_bytes if measured is None else max(measured, report.planned_peak.peak_bytes)
-        if measured is None:  # nothing to compare plans by (see measure_region): the lowest modelled one
-            lowest = (None, floor / budget_bytes)
-            if (memory_model, scale) != lowest:
-                candidates = [lowest]
-                continue
-            partitioner.memory_model = None
-            if error is not None:
-                raise error
-            return compiled, report, shown
-        if best is None or shown < best[2]:
-            best = (compiled, report, shown, memory_model)
-        if measured <= budget_bytes:
-            return compiled, report, shown
-    if best is None:
-        partitioner.memory_model = None
-        raise error or BudgetError(f"no plan meets the budget of {budget_bytes} bytes", budget_bytes=budget_bytes)
-    partitioner.memory_model = best[3]
-    return best[0], best[1], best[2]
+        report.replans = self.times.compiles - 1
+        if measured is not None and self.partitioner.calibration_key is not None:
+            plan_cache.calibrate(self.partitioner.calibration_key, measured / report.planned_peak.peak_bytes)
+        return measured
+
+    def keep(self, compiled: Callable[..., Any], report: PlanReport) -> Callable[..., Any]:
+        if not self.partitioner.reports or self.partitioner.reports[-1] is not report:
+            self.partitioner.reports.append(report)
+        if self.first_key is not None and report.measured_peak_bytes is not None:
+            plan_cache.store(self.first_key, cache_entry(report))
+        return compiled
+
+    def floor_plan(
+        self, error: BudgetError, tried: tuple[Callable[..., Any], PlanReport] | None
+    ) -> Callable[..., Any]:
+        """The planner cannot reach the budget: compile its lowest plan and measure it (the model may be
+        pessimistic); it is kept if it meets the budget, else BudgetError names the lowest measured peak of it and
+        of `tried` (a compiled plan that measured above the budget)."""
+        budget = error.budget_bytes
+        floor = getattr(error, "modelled_floor_bytes", None)
+        if floor is None or budget is None or self.times.compiles >= MAX_COMPILES:
+            if tried is not None and budget is not None:
+                raise self.too_small(budget, [tried])
+            raise error
+        self.partitioner.first = False
+        self.partitioner.model_scale = floor / budget
+        try:
+            compiled = self.compile()
+        except BudgetError:
+            if tried is not None:
+                raise self.too_small(budget, [tried]) from None
+            raise error from None
+        report = self.partitioner.reports.pop()
+        report.budget_bytes = budget
+        measured = self.measure(compiled, report)
+        if measured is None:
+            raise error
+        if measured <= budget:
+            return self.keep(compiled, report)
+        raise self.too_small(budget, [c for c in (tried, (compiled, report)) if c is not None])
+
+    def too_small(self, budget: int, tried: list[tuple[Callable[..., Any], PlanReport]]) -> BudgetError:
+        """BudgetError naming the lowest measured peak of the plans tried; that plan is kept in the plan cache
+        under that budget, and the verdict under this one (a second process raises at once)."""
+        best = min(tried, key=lambda attempt: attempt[1].measured_peak_bytes or math.inf)[1]
+        smallest = best.measured_peak_bytes
+        assert smallest is not None
+        error = _too_small(budget, smallest)
+        key = self.partitioner.key_for(smallest)
+        if key is not None:
+            entry = cache_entry(best)
+            entry["budget_bytes"] = smallest
+            plan_cache.store(key, entry)
+        if self.first_key is not None:
+            plan_cache.store(
+                self.first_key,
+                {"message": str(error), "budget_bytes": budget, "smallest_feasible_bytes": smallest},
+            )
+        return error
+
+
+MAX_COMPILES = 2  # compiles of one region at compile time: a plan, and one more aimed by the first's measurement
 
 
 def _too_small(budget_bytes: int, smallest: int) -> BudgetError:

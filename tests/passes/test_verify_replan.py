@@ -1,6 +1,7 @@
-"""The compile-time measurement's last resort (passes/verify.py `_lowest_plan`), with a stand-in planner and
-measurement: the lowest *modelled* plan is not always the lowest *measured* one (under Inductor, the deepest
-plans stray furthest above the model), so plans held a little above the modelled floor are measured too."""
+"""The compile-time measurement (passes/verify.py `compile_within_budget`) with a stand-in planner and measurement:
+at most two compiles per region, the second aimed by the first's measured / modelled ratio; a budget neither meets
+raises BudgetError naming the lower measured peak (hold or raise), and a budget the planner cannot reach compiles
+its lowest plan once."""
 
 from __future__ import annotations
 
@@ -10,85 +11,92 @@ import pytest
 
 from dtr_compile.errors import BudgetError
 from dtr_compile.passes import verify
+from dtr_compile.passes.partition import AIM, CompileTimes
 
 FLOOR = 1000  # the planner's lowest modelled peak
-EXACT_FLOOR = 700  # the exact memory model's
 
 
 class StandInPlanner:
-    """Plans to `budget x model_scale` (never below FLOOR with its own memory model; the exact model's plans
-    are marked by a negative target); the measured peak of each plan comes from `measured_at(target)`.
-    Records the targets it was asked for."""
+    """Plans to `budget x model_scale` (never below FLOOR); the measured peak of each plan comes from
+    `measured_at(target)`. Records the targets it compiled."""
 
-    def __init__(self, measured_at) -> None:
-        self.model_scale = 1.0
+    def __init__(self, budget: int, measured_at, first_scale: float = AIM) -> None:
+        self.budget = budget
+        self.model_scale = first_scale
         self.memory_model = None
+        self.first = True
         self.reports: list = []
         self.targets: list[int] = []
         self.measured_at = measured_at
+        self.times = CompileTimes()
+        self.cache_key = self.calibration_key = None
 
-    def compile_once(self, budget: int):
-        target = round(budget * self.model_scale)
-        if self.memory_model == "exact":
-            if target < EXACT_FLOOR:
-                error = BudgetError("too low for the exact model", budget_bytes=budget)
-                error.modelled_floor_bytes = EXACT_FLOOR
-                raise error
-            self.targets.append(-target)
-            report = SimpleNamespace(planned_peak=SimpleNamespace(peak_bytes=target), measured_peak_bytes=None)
-            self.reports.append(report)
-            return SimpleNamespace(target=-target)
+    def key_for(self, budget: int) -> None:
+        return None  # no plan cache here (tests/passes/test_plan_cache.py covers it)
+
+    def compile_once(self):
+        target = round(self.budget * self.model_scale)
         if target < FLOOR:
-            error = BudgetError("too low", budget_bytes=budget)
+            error = BudgetError("too low", budget_bytes=self.budget)
             error.modelled_floor_bytes = FLOOR
             raise error
         self.targets.append(target)
-        report = SimpleNamespace(planned_peak=SimpleNamespace(peak_bytes=target), measured_peak_bytes=None)
+        no_remat = SimpleNamespace(peak_bytes=10**9)
+        report = SimpleNamespace(
+            planned_peak=SimpleNamespace(peak_bytes=target), no_remat=no_remat, budget_bytes=self.budget,
+            measured_peak_bytes=None, from_cache=False, replans=0,
+        )  # fmt: skip
         self.reports.append(report)
         return SimpleNamespace(target=target)
 
 
 def _run(monkeypatch, budget: int, measured_at):
-    planner = StandInPlanner(measured_at)
+    planner = StandInPlanner(budget, measured_at)
     monkeypatch.setattr(verify, "measure_region", lambda compiled, inputs: planner.measured_at(compiled.target))
-    compiled, report, smallest = verify._lowest_plan(lambda: planner.compile_once(budget), [], planner, None, budget)
-    return planner, compiled, report, smallest
+    compiled = verify.compile_within_budget(planner.compile_once, [], planner)
+    return planner, compiled
 
 
-def test_a_plan_above_the_modelled_floor_that_measures_within_the_budget_is_taken(monkeypatch) -> None:
-    # Deep plans measure far above their model, shallower ones close to it: 1.15 x the floor measures 1100.
-    measured = {1150: 1100, 1100: 1120, 1050: 1180, 1000: 1300}
-    planner, compiled, report, smallest = _run(monkeypatch, 1150, measured.get)
-    assert planner.targets == [1150] and compiled.target == 1150 and report.measured_peak_bytes == 1100
-    assert smallest == 1150  # max(measured, modelled)
+def test_a_first_plan_within_the_band_is_the_only_compile(monkeypatch) -> None:
+    planner, compiled = _run(monkeypatch, 2000, lambda target: target)  # an exact model
+    assert planner.targets == [round(2000 * AIM)] and compiled.target == planner.targets[0]
+    assert planner.times.compiles == 1 and planner.times.measures == 1
+    assert planner.reports[-1].measured_peak_bytes == 1900
 
 
-def test_when_none_fits_the_smallest_feasible_budget_is_the_best_plan_measured(monkeypatch) -> None:
-    measured = {1150: 1400, 1100: 1120, 1050: 1180, 1000: 1300, -1050: 1200, -945: 1150, -840: 1130, -735: 1140}
-    planner, compiled, _, smallest = _run(monkeypatch, 1050, measured.get)
-    # every candidate tried: the planner's own model from the highest down, then the exact model
-    assert planner.targets == [1150, 1100, 1050, 1000, -1050, -945, -840, -735]
-    assert compiled.target == 1100 and smallest == 1120  # not the lowest modelled plan's 1300
-    assert planner.memory_model is None  # the best plan came from the planner's own model
+def test_a_plan_over_the_budget_is_planned_once_more_with_its_measured_ratio(monkeypatch) -> None:
+    # Inductor's memory 1.2 x the model: the second plan is held to AIM / 1.2 of the budget and lands at AIM.
+    planner, compiled = _run(monkeypatch, 2000, lambda target: round(1.2 * target))
+    first = round(2000 * AIM)
+    second = round(2000 * AIM * first / round(1.2 * first))
+    assert planner.targets == [first, second] and compiled.target == second
+    assert 0.90 * 2000 <= planner.reports[-1].measured_peak_bytes <= 2000
+    assert planner.times.compiles == 2 and planner.reports[-1].replans == 1
 
 
-def test_an_exact_model_plan_that_measures_within_the_budget_is_taken(monkeypatch) -> None:
-    # The planner's own model cannot go below FLOOR, and its plans measure above the budget; a plan held by the
-    # exact model to the budget measures within it.
-    measured = {1150: 1400, 1100: 1300, 1050: 1250, 1000: 1200, -950: 940}
-    planner, compiled, report, smallest = _run(monkeypatch, 950, measured.get)
-    assert compiled.target == -950 and report.measured_peak_bytes == 940 and smallest == 950
-    assert planner.memory_model == "exact"  # compiling again plans the same way
+def test_when_neither_compile_fits_the_error_names_the_lower_measured_peak(monkeypatch) -> None:
+    # The deeper plan measures higher (the model's error grows with depth): the first plan shows the lower floor.
+    measured = {1900: 2300}
+    with pytest.raises(BudgetError) as raised:
+        _run(monkeypatch, 2000, lambda target: measured.get(target, 2400))
+    assert raised.value.smallest_feasible_bytes == 2300 and raised.value.budget_bytes == 2000
 
 
-def test_without_a_measurement_only_the_lowest_modelled_plan_is_tried_and_the_planner_error_stands(monkeypatch) -> None:
+def test_a_plan_below_the_band_is_aimed_higher_and_kept_if_the_higher_one_exceeds(monkeypatch) -> None:
+    measured = {1900: 1500}  # 0.75 of the budget: planned again, higher, and that one measures over the budget
+    planner, compiled = _run(monkeypatch, 2000, lambda target: measured.get(target, 2100))
+    assert len(planner.targets) == 2 and planner.targets[1] > planner.targets[0]
+    assert compiled.target == 1900 and planner.reports[-1].measured_peak_bytes == 1500
+
+
+def test_a_budget_below_the_planners_reach_compiles_its_lowest_plan_once(monkeypatch) -> None:
+    planner, compiled = _run(monkeypatch, 900, lambda target: 880)  # the model was pessimistic: it fits
+    assert planner.targets == [FLOOR] and compiled.target == FLOOR and planner.times.compiles == 1
+    with pytest.raises(BudgetError) as raised:
+        _run(monkeypatch, 900, lambda target: 1100)
+    assert raised.value.smallest_feasible_bytes == 1100
+
+
+def test_without_a_measurement_the_planner_error_stands(monkeypatch) -> None:
     with pytest.raises(BudgetError, match="too low"):
         _run(monkeypatch, 900, lambda target: None)
-
-
-def test_below_the_exact_models_floor_its_floor_plan_is_measured(monkeypatch) -> None:
-    # A budget far below every floor: the exact model's targets (a fraction of the budget) are all below its
-    # floor, so the plan at that floor is tried, and it names the smallest feasible budget.
-    measured = {1150: 1400, 1100: 1300, 1050: 1250, 1000: 1200, -700: 900}
-    planner, compiled, _, smallest = _run(monkeypatch, 300, measured.get)
-    assert planner.targets[-1] == -700 and compiled.target == -700 and smallest == 900

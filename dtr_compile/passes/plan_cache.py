@@ -1,0 +1,188 @@
+"""Plans kept across compiles and processes: compiling the same graph under the same budget again skips the
+planner and the compile-time measurement (issue 17: "a cache makes the second process free").
+
+    key = plan_key(joint, num_fwd_outputs, settings)     # the graph's structure + the budget + the settings
+    entry = load(key)                                    # None, or what `store` kept
+    plan = plan_from_data(joint, entry["plan"])          # the same Plan, on this process's nodes
+
+Key: every node of the joint graph (name, op, target, arguments by name, and its value's shape, stride and dtype),
+the number of forward outputs, the budget as the user gave it (bytes or a fraction), the planner's settings, the
+source of `passes/` and the torch release. A plan is stored as plain data (each op it runs by node name and
+version), so a different graph can never be handed another's plan: a name that does not resolve is a miss.
+
+An entry holds the plan (or, for a budget below what the graph can run in, the floor the BudgetError named), the
+memory model and model_scale that made it, its modelled peak and its measured one. It lives in memory and, unless
+`dtr_compile.config.plan_cache` is False or Inductor's caches are forced off (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1),
+as one JSON file under `$DTR_COMPILE_CACHE_DIR`, or else `<Inductor's cache dir>/dtr_plans` (TORCHINDUCTOR_CACHE_DIR,
+default /tmp/torchinductor_<user>): a fresh Inductor cache directory is a fresh plan cache too.
+
+The same store keeps, per graph structure (any budget), the last measured ratio of Inductor's memory to the
+model's (`calibration`): a later budget of the same graph aims its first plan with it (verify.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import fx
+
+from .. import config
+from .planner import Emitted, Plan
+
+ENV_DIR = "DTR_COMPILE_CACHE_DIR"
+
+# What happened, for tests and explain: "hits", "misses", "stores", and "plans" (plan_joint calls, partition.py).
+COUNTS: Counter[str] = Counter()
+
+_MEMORY: dict[str, dict[str, Any]] = {}
+
+
+def clear_memory() -> None:
+    """Forget the in-memory entries (the on-disk ones stay): as a fresh process would start."""
+    _MEMORY.clear()
+
+
+def enabled_on_disk() -> bool:
+    return bool(config.plan_cache) and os.environ.get("TORCHINDUCTOR_FORCE_DISABLE_CACHES") != "1"
+
+
+def cache_dir() -> pathlib.Path:
+    """$DTR_COMPILE_CACHE_DIR, else `dtr_plans` in Inductor's cache directory."""
+    explicit = os.environ.get(ENV_DIR)
+    if explicit:
+        return pathlib.Path(explicit)
+    from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
+
+    return pathlib.Path(inductor_cache_dir()) / "dtr_plans"
+
+
+# ------------------------------------------------------------------------------------------------ keys
+
+
+def graph_structure(joint: fx.GraphModule, num_fwd_outputs: int) -> str:
+    """A digest of what the planner reads of `joint`: its nodes, their arguments, and their values' layout."""
+    digest = hashlib.sha256(f"{num_fwd_outputs}".encode())
+    for node in joint.graph.nodes:
+        digest.update(repr((node.name, node.op, str(node.target), node.args, node.kwargs)).encode())
+        digest.update(_layout(node.meta.get("val")).encode())
+    return digest.hexdigest()
+
+
+def _layout(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"T{tuple(value.shape)}{tuple(value.stride())}{value.dtype}{value.device.type}"
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(_layout(v) for v in value) + ")"
+    return type(value).__name__ if value is not None else "-"
+
+
+def plan_key(structure: str, settings: tuple[Any, ...]) -> str:
+    """The key of one (graph, budget, settings) triple; `settings` must be reprs of plain values."""
+    return hashlib.sha256(repr((structure, settings, torch.__version__)).encode()).hexdigest()
+
+
+def calibration_key(structure: str, settings: tuple[Any, ...]) -> str:
+    return plan_key(structure, ("calibration", *settings))
+
+
+# ------------------------------------------------------------------------------------------------ store
+
+
+def load(key: str) -> dict[str, Any] | None:
+    entry = _MEMORY.get(key)
+    if entry is None and enabled_on_disk():
+        path = cache_dir() / f"{key}.json"
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            entry = None
+        if entry is not None:
+            _MEMORY[key] = entry
+    COUNTS["hits" if entry is not None else "misses"] += 1
+    return entry
+
+
+def store(key: str, entry: dict[str, Any]) -> None:
+    """Keep `entry` (plain JSON data) in memory and, when enabled, on disk (written whole, then renamed)."""
+    _MEMORY[key] = entry
+    COUNTS["stores"] += 1
+    if not enabled_on_disk():
+        return
+    directory = cache_dir()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        partial = directory / f"{key}.{os.getpid()}.tmp"
+        partial.write_text(json.dumps(entry))
+        partial.replace(directory / f"{key}.json")
+    except OSError:  # a read-only or full disk costs the next process a plan, nothing else
+        pass
+
+
+def calibration(key: str) -> float | None:
+    """The last measured / modelled peak ratio stored under `key` (no hit or miss is counted)."""
+    entry = _MEMORY.get(key)
+    if entry is None and enabled_on_disk():
+        try:
+            entry = json.loads((cache_dir() / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        _MEMORY[key] = entry
+    ratio = entry.get("ratio") if entry else None
+    return float(ratio) if isinstance(ratio, (int, float)) and ratio > 0 else None
+
+
+def calibrate(key: str, ratio: float) -> None:
+    store(key, {"ratio": ratio})
+
+
+# ------------------------------------------------------------------------------------------------ plans
+
+
+def plan_to_data(plan: Plan) -> dict[str, Any]:
+    """`plan` as JSON data: nodes by name."""
+    return {
+        "budget_bytes": plan.budget_bytes,
+        "trace": [[e.node.name, e.version, [[a.name, v] for a, v in e.arg_versions]] for e in plan.trace],
+        "boundary": plan.boundary,
+        "fwd_versions": [[n.name, v] for n, v in plan.fwd_versions.items()],
+        "final_versions": [[n.name, v] for n, v in plan.final_versions.items()],
+        "replay_peak_bytes": plan.replay_peak_bytes,
+        "fits": plan.fits,
+        "recompute_s": plan.recompute_s,
+        "compute_s": plan.compute_s,
+        "evictions": [[n.name, position] for n, position in plan.evictions],
+        "smallest_peak_bytes": plan.smallest_peak_bytes,
+        "dropped": sorted(n.name for n in plan.dropped),
+        "block_options": list(plan.block_options) if plan.block_options is not None else None,
+    }
+
+
+def plan_from_data(joint: fx.GraphModule, data: dict[str, Any]) -> Plan:
+    """The plan `plan_to_data` wrote, on the nodes of `joint`; KeyError if a name is not in `joint`."""
+    nodes = {n.name: n for n in joint.graph.nodes}
+    trace = [
+        Emitted(nodes[name], version, tuple((nodes[a], v) for a, v in args)) for name, version, args in data["trace"]
+    ]
+    options = data["block_options"]
+    return Plan(
+        budget_bytes=data["budget_bytes"],
+        trace=trace,
+        boundary=data["boundary"],
+        fwd_versions={nodes[n]: v for n, v in data["fwd_versions"]},
+        final_versions={nodes[n]: v for n, v in data["final_versions"]},
+        replay_peak_bytes=data["replay_peak_bytes"],
+        fits=data["fits"],
+        recompute_s=data["recompute_s"],
+        compute_s=data["compute_s"],
+        evictions=[(nodes[n], position) for n, position in data["evictions"]],
+        planning_s=0.0,
+        smallest_peak_bytes=data["smallest_peak_bytes"],
+        dropped=frozenset(nodes[n] for n in data["dropped"]),
+        block_options=tuple(options) if options is not None else None,
+    )

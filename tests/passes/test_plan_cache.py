@@ -1,0 +1,105 @@
+"""The plan cache (passes/plan_cache.py): a second compile of the same graph under the same budget, with the in-memory
+state cleared as a fresh process has it, reads the plan from disk instead of planning (and, under Inductor, instead
+of measuring), and runs the same plan: the same values and gradients as plain eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dtr_compile import config
+from dtr_compile.backend import make_backend
+from dtr_compile.measure import measure_peak
+from dtr_compile.passes import plan_cache
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(64, 64), nn.GELU()) for _ in range(4)]
+    return nn.Sequential(*layers, nn.Linear(64, 1))
+
+
+def _step(model: nn.Module, backend, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    torch._dynamo.reset()
+    model.zero_grad(set_to_none=True)
+    loss = torch.compile(model, backend=backend)(x).sum()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(plan_cache.ENV_DIR, str(tmp_path))
+    return tmp_path
+
+
+def test_a_second_process_reads_the_plan_instead_of_planning(cache_dir) -> None:
+    model, x = _mlp(), torch.randn(256, 64)
+    first = make_backend(0.7, codegen="fx")
+    _step(model, first, x)
+    assert first.reports[-1].plan.recompute_s > 0  # the budget makes it recompute
+    assert list(cache_dir.glob("*.json")), "the plan was not written to disk"
+
+    plan_cache.clear_memory()  # what a fresh process starts with
+    plans = plan_cache.COUNTS["plans"]
+    second = make_backend(0.7, codegen="fx")
+    loss, grads = _step(model, second, x)
+    assert plan_cache.COUNTS["plans"] == plans, "the second compile planned again"
+    report = second.reports[-1]
+    assert report.from_cache and report.times.cached == 1
+    ops = [(e.node.name, e.version) for e in report.plan.trace]
+    assert ops == [(e.node.name, e.version) for e in first.reports[-1].plan.trace]
+    assert report.planned_peak.peak_bytes == first.reports[-1].planned_peak.peak_bytes
+
+    torch._dynamo.reset()
+    model.zero_grad(set_to_none=True)
+    eager = model(x).sum()
+    eager.backward()
+    torch.testing.assert_close(loss, eager.detach())
+    for got, want in zip(grads, [p.grad for p in model.parameters()], strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_another_budget_or_the_flag_off_plans_again(cache_dir) -> None:
+    model, x = _mlp(), torch.randn(256, 64)
+    _step(model, make_backend(0.7, codegen="fx"), x)
+    plan_cache.clear_memory()
+    plans = plan_cache.COUNTS["plans"]
+    _step(model, make_backend(0.8, codegen="fx"), x)  # another budget: another key
+    assert plan_cache.COUNTS["plans"] == plans + 1
+    with config.patch(plan_cache=False):
+        for path in cache_dir.glob("*.json"):
+            path.unlink()
+        _step(model, make_backend(0.9, codegen="fx"), x)
+        assert not list(cache_dir.glob("*.json"))  # kept in memory only
+        plan_cache.clear_memory()
+        backend = make_backend(0.9, codegen="fx")
+        _step(model, backend, x)
+        assert not backend.reports[-1].from_cache
+
+
+@pytest.mark.slow
+def test_under_inductor_the_second_compile_neither_plans_nor_measures(cache_dir) -> None:
+    """Inductor: the first compile measures the region (verify.py) and keeps the plan with its measured peak; the
+    second, from the cache, runs the same plan without measuring it again, and still holds the budget."""
+    model, x = _mlp(), torch.randn(512, 64)
+    torch._dynamo.reset()
+    model.zero_grad(set_to_none=True)
+    compiled = torch.compile(model, backend=make_backend(None, codegen="inductor"))
+    compiled(x).sum().backward()
+    _, plain = measure_peak(lambda: compiled(x).sum().backward())
+    budget = int(0.6 * plain.peak_bytes)
+
+    with config.patch(compiled_steps="plan_only"):
+        first = make_backend(budget, codegen="inductor")
+        _step(model, first, x)
+        assert first.reports[-1].measured_peak_bytes is not None and first.reports[-1].times.measures >= 1
+        plan_cache.clear_memory()
+        plans = plan_cache.COUNTS["plans"]
+        second = make_backend(budget, codegen="inductor")
+        _step(model, second, x)
+    report = second.reports[-1]
+    assert plan_cache.COUNTS["plans"] == plans and report.from_cache
+    assert report.times.measures == 0 and report.times.compiles == 1
+    assert report.measured_peak_bytes == first.reports[-1].measured_peak_bytes <= budget
