@@ -298,6 +298,7 @@ def test_snapshot_lists_every_flag() -> None:
         "cost_mode",
         "recompute_kernels",
         "compiled_steps",
+        "plan_cache",
     }
 
 
