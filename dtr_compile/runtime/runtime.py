@@ -32,7 +32,7 @@ from typing import IO, Any, Self
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .. import config
+from .. import auto_budget, config
 from ..config import check_positive_bytes, parse_budget
 from ..engine import Engine, Storage
 from ..errors import BudgetError, ConfigError, DTRError, format_bytes
@@ -105,6 +105,9 @@ class Runtime:
         `log`: a path (".gz" compresses) or text stream to record every step as an operation log that
         `python -m dtr_compile.sim` replays offline under other budgets and heuristics."""
         budget = config.memory_budget if memory_budget is _FROM_CONFIG else parse_budget(memory_budget)
+        if budget == "auto":
+            auto_budget.check_available()  # on CPU: a DeviceError asking for a number
+        self._auto_bytes: int | None = None  # what "auto" stood for at the last step start
         if reference_peak_bytes is not None:
             reference_peak_bytes = check_positive_bytes("reference_peak_bytes", reference_peak_bytes)
         if heuristic is not None:
@@ -249,7 +252,8 @@ class Runtime:
         engine = self.engine
         threshold = engine._min_evictable_size()
         for storage in self.index.versions():
-            if storage.resident and storage.nbytes < threshold and storage.producer is not None and _held_by_program(storage):
+            small = storage.resident and storage.nbytes < threshold and storage.producer is not None
+            if small and _held_by_program(storage):
                 engine.keep_resident(storage)
 
     def _restore_outliving(self, failed: bool) -> None:
@@ -271,7 +275,8 @@ class Runtime:
             if storage.resident and storage.producer is not None:
                 engine.pin(storage)  # released with the index at the end of the step
         budget = engine.budget_bytes
-        if failed or (budget is not None and engine.memory - engine.pool.nbytes + sum(s.nbytes for s in missing) > budget):
+        unfit = budget is not None and engine.memory - engine.pool.nbytes + sum(s.nbytes for s in missing) > budget
+        if failed or unfit:
             engine.budget_bytes = None
         with _disable_current_modes():
             for storage in missing:
@@ -314,6 +319,9 @@ class Runtime:
         budget = self.memory_budget
         if budget is None or isinstance(budget, int):
             return budget
+        if budget == "auto":  # re-resolved at every step's start: it shrinks when the device has less
+            self._auto_bytes = auto_budget.resolve(self._auto_bytes)
+            return self._auto_bytes
         if self.reference_peak_bytes is None:
             warnings.warn(
                 f"memory_budget={budget} is a fraction of the no-remat peak, which this Runtime has not seen yet: "
@@ -388,6 +396,10 @@ class Runtime:
         budget = self.memory_budget
         if isinstance(budget, float):
             return None if self.reference_peak_bytes is None else max(1, int(budget * self.reference_peak_bytes))
+        if budget == "auto":
+            if self._auto_bytes is None:  # before the first step: what the device has now
+                self._auto_bytes = auto_budget.resolve()
+            return self._auto_bytes
         return budget
 
     def stats(self) -> RuntimeStats:
