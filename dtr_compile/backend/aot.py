@@ -15,7 +15,7 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .. import config
+from .. import auto_budget, config
 from ..passes.costs import CostMode
 from ..passes.partition import DTRPartitioner
 
@@ -128,7 +128,10 @@ def make_backend(
 ) -> Callable[..., Any]:
     """A backend bound to explicit settings (used by `explain` and tests); its `.reports` lists the plans."""
     partitioner = DTRPartitioner(
-        config.parse_budget(budget), cost_mode=cost_mode, start_from_min_cut=start_from_min_cut, codegen=codegen
+        auto_budget.concrete(config.parse_budget(budget)),
+        cost_mode=cost_mode,
+        start_from_min_cut=start_from_min_cut,
+        codegen=codegen,
     )
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:

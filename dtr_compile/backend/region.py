@@ -34,7 +34,7 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .. import config
+from .. import auto_budget, config
 from ..config import Budget
 from ..errors import BudgetError
 from ..passes.costs import is_random
@@ -112,7 +112,8 @@ class Region:
             owner = self._owner() if self._owner is not None else None
             runtime.reference_peak_bytes = STEPS.here.calibrations.get(owner) if owner is not None else None
         if runtime is None:
-            return ("alone", config.memory_budget), config.memory_budget
+            budget = auto_budget.concrete(config.memory_budget)  # "auto": the device's free memory now
+            return ("alone", budget), budget
         calibrating = runtime.calibrating if runtime.active else runtime.budget_bytes is None
         if calibrating and runtime.memory_budget is not None:
             return ("calibrating",), None
