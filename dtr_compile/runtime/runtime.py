@@ -1,0 +1,441 @@
+"""`Runtime`: one eager DTR session over ordinary PyTorch code, used as a context manager per step.
+
+    rt = dtr_compile.runtime.enable(memory_budget="1GB")
+    for x, y in data:
+        with rt:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+        optimizer.step()
+    print(rt.stats())
+
+Inside the context every aten call goes through the runtime (dispatch.py) and every tensor autograd saves
+is a handle (saved.py); the program keeps working on plain tensors, whose bytes the runtime may free and
+recompute behind them (values.py). When the step ends, every tensor that outlives it is resident again and
+stops being managed: what the program holds after the context is ordinary memory.
+
+All state belongs to the Runtime object (no module globals). Reusing one Runtime across steps keeps
+the output-size cache warm and lets a fractional budget calibrate once (see `_resolved_budget`).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import IO, Any, Self
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from .. import auto_budget, config
+from ..config import check_positive_bytes, parse_budget
+from ..engine import Engine, Storage
+from ..errors import BudgetError, ConfigError, DTRError, format_bytes
+from .constants import ConstantRegistry
+from .dispatch import DTRMode
+from .handles import HandleCell, StorageIndex
+from .recipe import TorchExecutor
+from .recorder import TraceRecorder
+from .saved import saved_tensor_hooks
+from .sizes import OutputSizer
+from .values import buffer
+
+_FROM_CONFIG: Any = object()  # default budget: dtr_compile.config.memory_budget at construction
+
+# The Runtime whose step runs on this thread. The compiled path reads it while TorchDynamo compiles a
+# region, when Dynamo has lifted the dispatch modes off the stack (so the mode stack cannot tell).
+_CURRENT = threading.local()
+
+
+def current_step() -> Runtime | None:
+    """The Runtime whose step is running on this thread, or None."""
+    runtime = getattr(_CURRENT, "runtime", None)
+    return runtime if runtime is not None and runtime.active else None  # a step may end on another thread
+
+
+@dataclass(frozen=True)
+class RuntimeStats:
+    """Counters of the last step (`peak_bytes`) and of the runtime's life (the rest)."""
+
+    budget_bytes: int | None  # None while calibrating a fractional budget or with no budget
+    peak_bytes: int  # peak the runtime accounted in the last step, above what was live at its start
+    evictions: int
+    eager_evictions: int  # storages freed because their last handle died
+    rematerializations: int
+    region_evictions: int  # of those, outputs of compiled regions (compiled_ops.py)
+    region_rematerializations: int  # of those, reruns of compiled code
+    kernel_rematerializations: int  # of those, as one Triton kernel (config.recompute_kernels)
+    parts_op_by_op: int  # compiled parts run op by op: too big for the budget as one operation
+    remat_seconds: float  # wall time spent recomputing
+    search_seconds: float  # wall time spent choosing what to evict
+    compute_seconds: float  # wall time of the original ops
+    steps: int
+    calibrating: bool
+
+    def __str__(self) -> str:
+        budget = "none" if self.budget_bytes is None else format_bytes(self.budget_bytes)
+        return (
+            f"DTR runtime: budget {budget}, peak {format_bytes(self.peak_bytes)}, {self.evictions} evictions "
+            f"({self.region_evictions} of compiled-region outputs), {self.rematerializations} rematerializations "
+            f"({self.region_rematerializations} reran compiled code, {self.kernel_rematerializations} as Triton kernels; {self.remat_seconds * 1e3:.1f} ms recompute, "
+            f"{self.search_seconds * 1e3:.1f} ms eviction search, {self.compute_seconds * 1e3:.1f} ms compute), "
+            f"{self.parts_op_by_op} compiled parts run op by op, {self.steps} steps"
+        )
+
+
+class Runtime:
+    """Eager DTR over torch tensors. Enter it (`with rt:`) around a forward and backward."""
+
+    def __init__(
+        self,
+        memory_budget: Any = _FROM_CONFIG,
+        *,
+        heuristic: str | None = None,
+        reference_peak_bytes: int | None = None,
+        log: str | os.PathLike | IO[str] | None = None,
+    ) -> None:
+        """`memory_budget`: as `dtr_compile.config.memory_budget` (the default). A fraction needs the
+        step's no-remat peak: pass `reference_peak_bytes`, or the first step runs without a budget to
+        measure it (with a warning) and later steps of this Runtime use the fraction of it.
+        `log`: a path (".gz" compresses) or text stream to record every step as an operation log that
+        `python -m dtr_compile.sim` replays offline under other budgets and heuristics."""
+        budget = config.memory_budget if memory_budget is _FROM_CONFIG else parse_budget(memory_budget)
+        if budget == "auto":
+            auto_budget.check_available()  # on CPU: a DeviceError asking for a number
+        self._auto_bytes: int | None = None  # what "auto" stood for at the last step start
+        if reference_peak_bytes is not None:
+            reference_peak_bytes = check_positive_bytes("reference_peak_bytes", reference_peak_bytes)
+        if heuristic is not None:
+            heuristic = config.validate("heuristic", heuristic)
+        self.memory_budget = budget
+        self.reference_peak_bytes = reference_peak_bytes
+        # Op costs for the eviction policy: the roofline estimate (reproducible) or measured time.
+        self.measure_costs = config.cost_mode == "measure"
+        self.compute_seconds = 0.0  # wall time of the original ops (the engine's costs may be estimates)
+        self.executor = TorchExecutor()
+        self.engine = Engine(
+            None,
+            heuristic=heuristic if heuristic is not None else config.heuristic,
+            candidate_sampling=config.candidate_sampling,
+            min_evictable_fraction=config.min_evictable_fraction,
+            min_evictable_bytes=config.min_evictable_bytes,
+            thrash_limit=config.thrash_limit,
+            seed=config.random_seed,
+            executor=self.executor,
+        )
+        self.constants = ConstantRegistry(self.engine, self.pin)
+        self.sizes = OutputSizer()
+        self.recorder = TraceRecorder(log) if log is not None else None
+        if self.recorder is not None:
+            weakref.finalize(self, self.recorder.close)
+        self.index = StorageIndex(self.engine, self.recorder)
+        self._log_cells: dict[int, HandleCell] = {}  # id(tensor) -> its handle, only while recording a log
+        self._mode: DTRMode | None = None
+        self._froze_gc = False  # whether begin_step froze the older objects (end_step unfreezes them)
+        self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._step_start_memory = 0
+        self._steps = 0
+        self._calibrating = False
+        self.failed = False  # an operation of the current step raised
+        self.on_backward: Callable[[Runtime], None] | None = None  # told when a backward pass runs in a step
+        self.in_backward = False  # a backward pass has run in this step (`backward_began`)
+
+    def close(self) -> None:
+        """Finish the operation log, if one is recorded (also done when the Runtime is collected)."""
+        if self.recorder is not None:
+            self.recorder.close()
+
+    # -------------------------------------------------------------------------------- the step
+
+    @property
+    def active(self) -> bool:
+        return self._mode is not None
+
+    def __enter__(self) -> Self:
+        self.begin_step()
+        # A step the budget cannot hold runs to its end above it, then `__exit__` raises a BudgetError naming
+        # the budget it needed (a number that runs, not a bound at the first op that did not fit: issue 16).
+        self.engine.overrun = True
+        assert self._mode is not None and self._hooks is not None
+        self._mode.__enter__()
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        mode, hooks = self._mode, self._hooks
+        assert mode is not None and hooks is not None
+        hooks.__exit__(*exc)
+        mode.__exit__(*exc)
+        try:
+            self.end_step(failed=exc[0] is not None)  # its restores run under the budget, in overrun mode too
+        finally:
+            self.engine.overrun = False
+        needed = self._overrun_bytes()
+        if needed is not None and exc[0] is None:
+            raise self._overrun_error(needed)
+
+    def begin_step(self) -> None:
+        """Start a step: resolve the budget and make the dispatch mode and saved-tensor hooks (the caller
+        installs them: `__enter__`, or the compiled path's implicit steps)."""
+        if self._mode is not None:
+            raise DTRError("this dtr_compile Runtime is already active; runtimes do not nest")
+        running = current_step()
+        if running is not None:
+            raise DTRError(
+                "another dtr_compile Runtime's step is running on this thread; runtimes do not nest: one budget "
+                "spans the whole step. Use one Runtime (compiled models called inside `with rt:` join its step)."
+            )
+        self._calibrating = False
+        self.failed = False
+        self.in_backward = False
+        self.engine.overrun_need = None
+        budget = self._resolved_budget()
+        # The budget bounds what the step allocates above what was live when it began.
+        self._step_start_memory = self.engine.memory
+        self.engine.peak = self.engine.memory
+        self.engine.budget_bytes = None if budget is None else budget + self._step_start_memory
+        if self.recorder is not None:
+            self.recorder.begin_step()
+        self._mode = DTRMode(self)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(*saved_tensor_hooks(self))
+        _CURRENT.runtime = self
+        # The step creates a few Python objects per op (handles, values, records), which makes the cyclic
+        # garbage collector run often; its full collections would scan everything the program built before
+        # (a model library's heap: hundreds of milliseconds a step). Objects older than the step are set
+        # aside until it ends, so collections during the step scan only what the step made. A program that
+        # froze objects itself keeps its own arrangement: unfreezing at the end would undo it.
+        self._froze_gc = gc.get_freeze_count() == 0
+        if self._froze_gc:
+            gc.freeze()
+
+    def end_step(self, *, failed: bool = False) -> None:
+        """End the step (the mode and hooks are already removed). Everything that outlives it (outputs,
+        gradients, a graph kept for later) leaves it resident and unmanaged: afterwards the program holds
+        ordinary tensors, outside the next step's budget."""
+        self._mode = self._hooks = None
+        if self._froze_gc:
+            gc.unfreeze()
+            self._froze_gc = False
+        if getattr(_CURRENT, "runtime", None) is self:
+            _CURRENT.runtime = None
+        self._steps += 1
+        engine = self.engine
+        if self._calibrating and not failed:
+            self.reference_peak_bytes = max(1, engine.peak - self._step_start_memory)
+        self.constants.end_step()
+        engine.free_dead()
+        try:
+            self._restore_outliving(failed)
+        except Exception:
+            if not failed:
+                raise
+            warnings.warn("dtr_compile: after a failed step, some freed tensors could not be restored", stacklevel=3)
+        engine.budget_bytes = None
+        for storage in self.index.close():
+            buffer(storage).detach()
+            engine.release(storage)
+        self._log_cells.clear()
+
+    def backward_began(self) -> None:
+        """The step's first backward op or compiled backward part is about to run. A small tensor the program
+        holds now outlives the backward: it is kept resident from here on (until it dies). Evicting it frees
+        next to nothing (below the engine's smallest evictable size, it is picked only when every larger
+        candidate is locked, often by a reservation that then fails), yet the step's end must restore it, and by
+        then its inputs are gone: a 4-byte loss evicted in the backward took a rerun of the whole compiled
+        forward at the end (1.39 MiB for a budget of 1.07 MiB, GPT-2 under bf16 autocast; issue 16)."""
+        self.in_backward = True
+        engine = self.engine
+        threshold = engine._min_evictable_size()
+        for storage in self.index.versions():
+            small = storage.resident and storage.nbytes < threshold and storage.producer is not None
+            if small and _held_by_program(storage):
+                engine.keep_resident(storage)
+
+    def _restore_outliving(self, failed: bool) -> None:
+        """Recompute the freed tensors that outlive the step (the program still holds them), as the step's last
+        operations: under its budget, each kept once back so that restoring one cannot free another.
+
+        Bringing back a 4-byte loss can rerun the whole chain behind it (a compiled forward part, with every
+        output and RNG state it allocates): unbounded, that measured 1.09x the budget on a fuzz case and 1.16x
+        under bf16 autocast (issue 16, class 3). A chain that does not fit raises the budget in overrun mode,
+        and the step then ends with a BudgetError naming what it needed. Two cases restore unbounded, as
+        before: after a failed step (nothing is promised but the restore), and where the values the program
+        holds cannot fit the budget even with everything else freed (no budget could make room for them)."""
+        engine = self.engine
+        outliving = [s for s in self.index.versions() if s.handles > 0]
+        missing = [s for s in outliving if not s.resident]
+        if not missing:
+            return
+        for storage in outliving:
+            if storage.resident and storage.producer is not None:
+                engine.pin(storage)  # released with the index at the end of the step
+        budget = engine.budget_bytes
+        unfit = budget is not None and engine.memory - engine.pool.nbytes + sum(s.nbytes for s in missing) > budget
+        if failed or unfit:
+            engine.budget_bytes = None
+        with _disable_current_modes():
+            for storage in missing:
+                if not storage.resident:  # a sibling's rerun may have brought it back
+                    engine.reserve([storage], 0, "restoring a tensor that outlives the step")
+                    engine.abandon([storage])
+                engine.pin(storage)
+
+    def _overrun_bytes(self) -> int | None:
+        """The budget this step needed, if it ran above its own: its peak, or the most an operation that did
+        not fit needed (outputs and workspace) if more."""
+        engine = self.engine
+        if engine.overrun_need is None:
+            return None
+        return max(engine.peak, engine.overrun_need) - self._step_start_memory
+
+    def _overrun_error(self, needed: int, *, replanned: bool = False) -> BudgetError:
+        """`replanned`: compiled regions are planned for the budget, so at another budget the step is not quite
+        the same program (its regions save and recompute other values) and may need a little more."""
+        budget = self.budget_bytes
+        hint = ""
+        if isinstance(self.memory_budget, float) and self.reference_peak_bytes:  # rounded up: it must cover `needed`
+            hint = f", or the fraction {math.ceil(1000 * needed / self.reference_peak_bytes) / 1000:g}"
+        return BudgetError(
+            f"memory budget {format_bytes(budget)} ({budget} bytes) is below what this step needs: "
+            f"{self.engine.overrun_at}, and the step, finished "
+            f"under the smallest budget that let each operation run, needed {format_bytes(needed)} above its start. "
+            f"Set memory_budget to at least {needed} bytes{hint} "
+            + (
+                "(its compiled regions are planned anew for that budget: the step may need a little more)."
+                if replanned
+                else "(this step runs at that budget)."
+            ),
+            budget_bytes=budget,
+            smallest_feasible_bytes=needed,
+            is_lower_bound=False,
+        )
+
+    def _resolved_budget(self) -> int | None:
+        budget = self.memory_budget
+        if budget is None or isinstance(budget, int):
+            return budget
+        if budget == "auto":  # re-resolved at every step's start: it shrinks when the device has less
+            self._auto_bytes = auto_budget.resolve(self._auto_bytes)
+            return self._auto_bytes
+        if self.reference_peak_bytes is None:
+            warnings.warn(
+                f"memory_budget={budget} is a fraction of the no-remat peak, which this Runtime has not seen yet: "
+                "this step runs without a budget to measure it, and later steps of the same Runtime use "
+                f"{budget} of it. Reuse the Runtime across steps, or pass reference_peak_bytes=.",
+                stacklevel=4,
+            )
+            self._calibrating = True
+            return None
+        return max(1, int(budget * self.reference_peak_bytes))
+
+    # -------------------------------------------------------------------------------- services
+
+    def materialize(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` with its bytes resident (recomputed if the runtime freed them); returns it.
+
+        For code that reads a tensor's memory without an aten call (`.numpy()`, a C extension) inside a step."""
+        storage = self.index.lookup(tensor)
+        if storage is not None and not storage.resident:
+            self.ensure_resident([storage])
+        return tensor
+
+    def ensure_resident(self, storages: Iterable[Storage]) -> None:
+        """Recompute the evicted `storages` (as plain ops: a recompute is not a new operation of the step)."""
+        with _disable_current_modes():
+            for storage in storages:
+                self.engine.materialize(storage)
+
+    def pin(self, tensor: torch.Tensor) -> None:
+        """Never evict `tensor`'s storage again in this step (an accumulated gradient)."""
+        storage = self.index.lookup(tensor)
+        if storage is not None:
+            self.engine.pin(storage)
+
+    # -------------------------------------------------------------------------------- operation log
+
+    def note_handle(self, tensor: torch.Tensor, cell: HandleCell) -> None:
+        """Remember the handle of a tensor, to name it in the operation log."""
+        self._log_cells[id(tensor)] = cell
+        weakref.finalize(tensor, self._log_cells.pop, id(tensor), None)
+
+    def cell_of(self, tensor: torch.Tensor) -> HandleCell | None:
+        return self._log_cells.get(id(tensor))
+
+    def log_name(self, tensor: torch.Tensor, storage: Storage) -> str:
+        """The operation log's name of an argument: its own handle's, another handle's on the same storage,
+        or the constant's."""
+        cell = self._log_cells.get(id(tensor))
+        if cell is not None and cell.name is not None and cell.storage is storage:
+            return cell.name
+        for other in buffer(storage).cells.items():
+            if other.name is not None and other.storage is storage:
+                return other.name
+        assert self.recorder is not None
+        return self.recorder.constant_name(storage)
+
+    # -------------------------------------------------------------------------------- reporting
+
+    @property
+    def calibrating(self) -> bool:
+        """This step runs without a budget to measure the no-remat peak a fractional budget refers to."""
+        return self._calibrating
+
+    @property
+    def step_bytes(self) -> int:
+        """Bytes the current step has allocated and still holds (0 outside a step)."""
+        return self.engine.memory - self._step_start_memory if self.active else 0
+
+    @property
+    def budget_bytes(self) -> int | None:
+        """The budget in bytes this Runtime applies (None: none, or a fraction not calibrated yet)."""
+        budget = self.memory_budget
+        if isinstance(budget, float):
+            return None if self.reference_peak_bytes is None else max(1, int(budget * self.reference_peak_bytes))
+        if budget == "auto":
+            if self._auto_bytes is None:  # before the first step: what the device has now
+                self._auto_bytes = auto_budget.resolve()
+            return self._auto_bytes
+        return budget
+
+    def stats(self) -> RuntimeStats:
+        engine = self.engine
+        return RuntimeStats(
+            budget_bytes=None if self._calibrating else self.budget_bytes,
+            peak_bytes=engine.peak - self._step_start_memory,
+            evictions=engine.evictions,
+            eager_evictions=engine.eager_evictions,
+            rematerializations=engine.remats,
+            region_evictions=self.executor.region_evictions,
+            region_rematerializations=self.executor.region_remats,
+            kernel_rematerializations=self.executor.kernel_remats,
+            parts_op_by_op=self.executor.parts_op_by_op,
+            remat_seconds=self.executor.recompute_seconds,
+            search_seconds=engine.search_seconds,
+            compute_seconds=self.compute_seconds,
+            steps=self._steps,
+            calibrating=self._calibrating,
+        )
+
+
+def _held_by_program(storage: Storage) -> bool:
+    """Does a live tensor of the program hold `storage` (not only a tensor autograd saved for the backward)?"""
+    return any(cell.death is not None and cell.storage is storage for cell in buffer(storage).cells.items())
+
+
+def enable(memory_budget: Any = _FROM_CONFIG, **options: Any) -> Runtime:
+    """A Runtime to use as `with dtr_compile.runtime.enable(memory_budget="1GB") as rt:`.
+
+    `memory_budget` defaults to `dtr_compile.config.memory_budget`; see `Runtime` for the options.
+    """
+    unknown = sorted(set(options) - {"heuristic", "reference_peak_bytes", "log"})
+    if unknown:
+        raise ConfigError(
+            f"dtr_compile.runtime.enable() got unknown option(s) {unknown}; the options are memory_budget, "
+            "heuristic, reference_peak_bytes and log (other flags: dtr_compile.config.patch(...))"
+        )
+    return Runtime(memory_budget, **options)
