@@ -7,7 +7,8 @@ GPU it changes nothing else: Inductor's CPU code generator does not use Triton. 
 in the environment is left as it is.
 
 Every test starts and ends with no dtr_compile dispatch mode on the stack, and with no plan kept in memory by the
-plan cache (passes/plan_cache.py), whose on-disk store is a fresh directory per session: every test plans afresh.
+plan cache (passes/plan_cache.py), whose on-disk store is a fresh directory per test: every test plans afresh (a
+plan and its measured peak kept by an earlier test would otherwise stand in for the compile a test checks).
 """
 
 from __future__ import annotations
@@ -21,15 +22,20 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
-os.environ.setdefault("DTR_COMPILE_CACHE_DIR", tempfile.mkdtemp(prefix="dtr-plans-"))
+os.environ.setdefault("DTR_COMPILE_CACHE_DIR", tempfile.mkdtemp(prefix="dtr-plans-"))  # child processes too
 
 
 @pytest.fixture(autouse=True)
-def _no_plan_kept():
+def _no_plan_kept(tmp_path_factory):
+    # Not through `monkeypatch`: a test's own monkeypatch (sys.modules entries among them) must be undone
+    # before the fixtures below run their checks, and this fixture's would be undone after them.
     from dtr_compile.passes import plan_cache
 
     plan_cache.clear_memory()
+    before = os.environ[plan_cache.ENV_DIR]
+    os.environ[plan_cache.ENV_DIR] = str(tmp_path_factory.mktemp("plans"))
     yield
+    os.environ[plan_cache.ENV_DIR] = before
 
 
 @pytest.fixture(autouse=True)
