@@ -13,9 +13,9 @@ argument's bytes, which then move to the result's own storage (a data-pointer sw
 argument's version is recorded as consumed: evicted, recomputable from its producer. That keeps the values
 right whoever holds the argument: a reader that still had it (a backward formula reusing a temporary, a
 gradient handed to two inputs) reads its old value, recomputed. Which sums take this path is a matter of cost
-only: those whose first argument shows no more owners than the engine's own accumulation does when its buffer
-holds the gradient alone (tensor and storage use counts, learnt once a process from the engine itself), so
-that what is consumed is almost always about to die. Releases whose storages cannot swap data pointers
+only: those whose first argument shows no more owners than the gradient being added, nor than the engine's own
+accumulation shows when its buffer holds the gradient alone (tensor and storage use counts, learnt once a
+process from the engine itself), so that what is consumed is almost always about to die. Releases whose storages cannot swap data pointers
 (compat.uses_storage_swap) keep the out-of-place sum.
 """
 
@@ -116,9 +116,14 @@ def accumulation_target(rt: Runtime, func: Any, args: tuple, kwargs: dict, leave
         or storage_key(a) == storage_key(b)
     ):
         return None
+    # The counts of a tensor one owner holds differ with the calling context (one less inside an implicit step
+    # than under `with rt:`, for both arguments alike): the first argument may show no more owners than the
+    # second (the gradient the node just made) and than the calibration's lone buffer.
     uses, storage_uses = _counts(a)
     unique_uses, unique_storage_uses = _unique_counts  # type: ignore[misc]
-    return storage if uses <= unique_uses and storage_uses <= unique_storage_uses else None
+    if uses > min(unique_uses, b._use_count()) or storage_uses > unique_storage_uses:
+        return None
+    return storage
 
 
 def add_in_place(args: tuple, kwargs: dict) -> torch.Tensor:
