@@ -1,0 +1,99 @@
+"""`python -m dtr_compile.fit` (issue 19): the largest batch that trains within a limit, per method, by measurement.
+
+A small MLP whose activations grow with the batch, compiled with aot_eager / codegen="fx" (seconds, not
+Inductor's tens): every method's largest batch is measured within the limit, and the next batch is not;
+`backend="dtr"` fits a larger batch than no rematerialization; bad arguments end in one clear error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dtr_compile import fit as fit_module
+from dtr_compile.errors import ConfigError
+from dtr_compile.fit import fit, main, model_from_spec, parse_overrides
+
+WIDTH, DEPTH = 64, 8
+
+
+class DeepMLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(DEPTH))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x.square().mean()
+
+
+def build() -> tuple[torch.nn.Module, object]:
+    """The `module:function` form: (model, make_batch)."""
+    torch.manual_seed(0)
+
+    def make_batch(batch: int) -> dict[str, torch.Tensor]:
+        return {"x": torch.randn(batch, WIDTH, generator=torch.Generator().manual_seed(batch))}
+
+    return DeepMLP(), make_batch
+
+
+def test_dtr_fits_a_larger_batch_than_no_remat_and_every_peak_is_within_the_limit() -> None:
+    model, make_batch = build()
+    # Gradients of the parameters take 133 KB whatever the batch; each row adds about 2 x DEPTH x WIDTH floats of
+    # activations (4 KB) without rematerialization.
+    limit = 400_000
+    results = {r.method: r for r in fit(model, make_batch, limit, methods=("none", "dtr"), max_batch=1024)}
+    none, dtr = results["none"], results["dtr"]
+    assert 0 < none.largest_batch < dtr.largest_batch, (none, dtr)
+    for result in (none, dtr):
+        assert result.peak_bytes is not None and result.peak_bytes <= limit, result
+        assert result.samples_per_s and result.samples_per_s > 0, result
+        largest = [t for t in result.trials if t.batch == result.largest_batch]
+        assert largest and largest[-1].fits
+        # The search stopped at a batch that did not fit: measured above the limit, or refused.
+        over = [t for t in result.trials if not t.fits]
+        assert over and all(t.batch > result.largest_batch for t in over), result.trials
+        assert all(t.peak_bytes is None or t.peak_bytes > limit or t.error for t in over), over
+
+
+def test_the_table_names_every_method_and_the_ratio_to_no_remat() -> None:
+    none = fit_module.MethodResult("none", largest_batch=8, peak_bytes=100, samples_per_s=80.0)
+    dtr = fit_module.MethodResult("dtr", largest_batch=24, peak_bytes=99, samples_per_s=72.0)
+    text = fit_module.table([none, dtr], 100, "cpu")
+    assert "| no rematerialization | 8 | 1.00 |" in text
+    assert '| backend="dtr" (budget = limit) | 24 | 3.00 | 99 | 72.0 | 0.90 |' in text
+
+
+def test_overrides_are_typed() -> None:
+    assert parse_overrides(["n_layer=2", "resid_pdrop=0.0", "tie_word_embeddings=false", "act=gelu"]) == {
+        "n_layer": 2,
+        "resid_pdrop": 0.0,
+        "tie_word_embeddings": False,
+        "act": "gelu",
+    }
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["n_layer"])
+
+
+def test_a_module_function_spec_loads_and_a_bad_one_says_what_is_wrong() -> None:
+    model, make_batch = model_from_spec("tests.test_fit:build", {}, seq=0)
+    assert isinstance(model, DeepMLP) and make_batch(3)["x"].shape == (3, WIDTH)
+    with pytest.raises(ConfigError, match="cannot load"):
+        model_from_spec("tests.test_fit:no_such_function", {}, seq=0)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["tests.test_fit:build", "--limit", "0.5"], "not a fraction"),
+        (["tests.test_fit:build", "--limit", "0"], "must be positive"),
+        (["tests.test_fit:build", "--limit", "1MB", "--methods", "none,bogus"], "bogus"),
+        (["tests.test_fit:build", "--limit", "1MB", "--max-batch", "0"], "max-batch"),
+    ],
+)
+def test_bad_arguments_end_in_one_error_line(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--device", "cpu"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
