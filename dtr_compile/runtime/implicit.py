@@ -128,8 +128,7 @@ class StepScope:
         failed = failed or runtime.failed
         runtime.index.on_empty = None
         try:
-            # Its restores run under the budget, in overrun mode too (not for a step begun inside Dynamo's frame).
-            runtime.end_step(failed=failed, seen_whole=self.outside)
+            runtime.end_step(failed=failed)  # its restores run under the budget, in overrun mode too
         finally:
             runtime.engine.overrun = False
         needed = runtime._overrun_bytes()

@@ -213,12 +213,10 @@ class Runtime:
         if self._froze_gc:
             gc.freeze()
 
-    def end_step(self, *, failed: bool = False, seen_whole: bool = True) -> None:
+    def end_step(self, *, failed: bool = False) -> None:
         """End the step (the mode and hooks are already removed). Everything that outlives it (outputs,
         gradients, a graph kept for later) leaves it resident and unmanaged: afterwards the program holds
-        ordinary tensors, outside the next step's budget. `seen_whole=False`: the step began inside TorchDynamo's
-        frame (a compiled model's first, compiling call), so the runtime did not see what the program held
-        before it; what outlives it is restored with no budget (see `_restore_outliving`)."""
+        ordinary tensors, outside the next step's budget."""
         self._mode = self._hooks = None
         if self._froze_gc:
             gc.unfreeze()
@@ -232,7 +230,7 @@ class Runtime:
         self.constants.end_step()
         engine.free_dead()
         try:
-            self._restore_outliving(failed or not seen_whole)
+            self._restore_outliving(failed)
         except Exception:
             if not failed:
                 raise
@@ -258,7 +256,7 @@ class Runtime:
             if small and _held_by_program(storage):
                 engine.keep_resident(storage)
 
-    def _restore_outliving(self, unbounded: bool) -> None:
+    def _restore_outliving(self, failed: bool) -> None:
         """Recompute the freed tensors that outlive the step (the program still holds them), as the step's last
         operations: under its budget, each kept once back so that restoring one cannot free another.
 
@@ -267,11 +265,7 @@ class Runtime:
         under bf16 autocast (issue 16, class 3). A chain that does not fit raises the budget in overrun mode,
         and the step then ends with a BudgetError naming what it needed. Two cases restore unbounded, as
         before: after a failed step (nothing is promised but the restore), and where the values the program
-        holds cannot fit the budget even with everything else freed (no budget could make room for them).
-        `unbounded` also covers a step begun inside TorchDynamo's frame (the first call of a compiled model): the
-        program's references made while Dynamo compiled were never seen by the runtime, so what such a step must
-        restore is not what the runtime planned for (an LSTM's first step held a region output no later step
-        holds: 1.10x its budget to bring back, where every later step holds 0.89x)."""
+        holds cannot fit the budget even with everything else freed (no budget could make room for them)."""
         engine = self.engine
         outliving = [s for s in self.index.versions() if s.handles > 0]
         missing = [s for s in outliving if not s.resident]
@@ -282,7 +276,7 @@ class Runtime:
                 engine.pin(storage)  # released with the index at the end of the step
         budget = engine.budget_bytes
         unfit = budget is not None and engine.memory - engine.pool.nbytes + sum(s.nbytes for s in missing) > budget
-        if unbounded or unfit:
+        if failed or unfit:
             engine.budget_bytes = None
         with _disable_current_modes():
             for storage in missing:
