@@ -14,19 +14,18 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import sys
-import time
 import traceback
 from typing import Any
 
 import torch
 
 from ..errors import BudgetError, ThrashError
-from ..measure import device_name, measure_peak, synchronize
+from ..measure import device_name, measure_peak
 from .methods import Budget, NotBuilt, get_method
 from .models import build_model
 from .spec import RESULT_KEY, RunSpec
+from .timing import median, warm_then_time
 
 # Tolerances of the correctness column. Compiled code reorders floating-point reductions, so "equal" means
 # equal to fp32 rounding accumulated over the model, not bitwise.
@@ -70,17 +69,12 @@ def _measure(spec: RunSpec) -> dict[str, Any]:
     plain_step = get_method(spec.method).prepare(case, Budget(spec.budget, spec.budget_bytes), batch)
     step = _under_autocast(plain_step, spec)
 
-    def timed_step() -> tuple[float, float]:
-        """(wall seconds, CPU seconds of this process) of one step."""
+    def clear_grads() -> None:
         model.zero_grad(set_to_none=True)
-        synchronize(spec.device)  # CUDA kernels run asynchronously: time from and to an idle device
-        wall, cpu = time.perf_counter(), time.process_time()
-        step()
-        synchronize(spec.device)
-        return time.perf_counter() - wall, time.process_time() - cpu
 
-    warmup_times = [timed_step()[0] for _ in range(spec.warmup)]
-    wall_times, cpu_times = zip(*(timed_step() for _ in range(spec.steps)))
+    warmups, samples = warm_then_time(step, spec.warmup, spec.steps, spec.device, setup=clear_grads)
+    warmup_times = [s.wall_s for s in warmups]
+    wall_times, cpu_times = [s.wall_s for s in samples], [s.cpu_s for s in samples]
     model.zero_grad(set_to_none=True)
     loss, peak = measure_peak(step, spec.device)
     grads = {name: p.grad for name, p in model.named_parameters()}
@@ -88,9 +82,9 @@ def _measure(spec: RunSpec) -> dict[str, Any]:
     out: dict[str, Any] = {
         "description": case.description,
         "peak_bytes": peak.peak_bytes,
-        "step_s": statistics.median(wall_times),
-        "step_cpu_s": statistics.median(cpu_times),
-        "step_times_s": list(wall_times),
+        "step_s": median(wall_times),
+        "step_cpu_s": median(cpu_times),
+        "step_times_s": wall_times,
         "first_step_s": warmup_times[0] if warmup_times else None,
         "loss": loss,
     }

@@ -6,6 +6,9 @@
 
 Each (model, method, budget) runs in a fresh process with a fixed thread count. Writes results.csv,
 results.md, pareto.png, section.md (a BENCHMARKS.md section) and, if a run failed, errors.txt into --out.
+
+The other sections of BENCHMARKS.md come from the suites, `python -m dtr_compile.bench SUITE [flags]`
+(suites/: runtime-overhead, compiled, kernels, handoff, simrd-reference); `--help` lists them.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from ..measure import add_device_argument, device_from_args
 from .grid import Grid
 from .methods import FRONTIER_ONLY, METHODS
 from .models import MODELS, SIZES
+from .provenance import load_average
 from .report import RUN_INFO, markdown_table, regenerate, write_csv
 from .runner import run_grid
+from .suites import SUITES, listing
 
 DEFAULT_BUDGETS = (0.9, 0.7, 0.5, 0.35, 0.2)  # the budget columns of the DTR paper's table
 
@@ -47,10 +52,17 @@ QUICK_TIMEOUT_S = 300.0
 
 def build_parser() -> argparse.ArgumentParser:
     methods = "\n".join(f"  {m.name:<14} {m.label}" for m in METHODS.values())
+    suites = (
+        "suites (python -m dtr_compile.bench SUITE [flags]; SUITE --help for its flags):\n"
+        f"  {'(none)':<17} the grid: every method side by side against plain eager (these flags; --quick)\n"
+        f"  {'--frontier':<17} issue 17's frontier: every method against torch.compile (--frontier --help)\n"
+        f"{listing()}"
+    )
     p = argparse.ArgumentParser(
         prog="python -m dtr_compile.bench",
+        usage="python -m dtr_compile.bench [SUITE [flags] | --frontier [flags] | [--quick] [grid flags]]",
         description="Compare compiled DTR, eager DTR, torch.utils.checkpoint and activation_memory_budget "
-        "against plain eager: measured peak memory, step time and gradient correctness.",
+        f"against plain eager: measured peak memory, step time and gradient correctness.\n\n{suites}",
         epilog=f"methods:\n{methods}\n\nBudgets are fractions of plain eager's measured peak. The DTR methods get "
         "them as bytes (fraction x that peak);\nactivation_memory_budget gets the fraction as its own knob (a "
         "fraction of saved bytes);\neager and checkpoint ignore budgets and run once.",
@@ -155,10 +167,8 @@ def _budgets(parser: argparse.ArgumentParser, given: list[str] | None, default: 
 
 
 def _load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):  # not on every platform
-        return None
+    load = load_average()
+    return None if load is None else round(load[0], 2)
 
 
 def _write_tracebacks(rows: Sequence[dict], path: Path) -> None:
@@ -171,6 +181,8 @@ def _write_tracebacks(rows: Sequence[dict], path: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
+    if given and given[0] in SUITES:  # a suite with its own flags (suites/)
+        return SUITES[given[0]].main(given[1:])
     if "--frontier" in given:  # a mode with its own grid and flags (frontier.py)
         from .frontier import main as frontier_main
 

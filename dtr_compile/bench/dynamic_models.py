@@ -256,6 +256,7 @@ _BUILDERS: dict[str, tuple[Callable[..., DynamicCase], dict[str, dict[str, int]]
 }  # fmt: skip
 
 DYNAMIC_MODELS = tuple(_BUILDERS)
+DYNAMIC_SIZES = ("test", "tiny", "quick")
 
 
 def build_dynamic(name: str, size: str = "tiny", seed: int = 0) -> DynamicCase:

@@ -16,7 +16,6 @@ Budgets: `Budget.fraction` is the nominal value of the grid (a fraction of plain
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import upstairs
 from .models import BenchCase
 
 
@@ -136,7 +136,7 @@ def _sac_compile(case: BenchCase, budget: Budget, batch: Any) -> Step:
 
 def _dtr_runtime(case: BenchCase, budget: Budget, batch: Any) -> Step:
     try:
-        runtime = importlib.import_module("dtr_compile.runtime")
+        runtime = upstairs.load("runtime")
         enable = runtime.enable
     except (ImportError, AttributeError) as exc:
         raise NotBuilt(f"dtr_compile.runtime.enable is missing: {exc}") from exc
@@ -155,7 +155,7 @@ def _dtr_runtime(case: BenchCase, budget: Budget, batch: Any) -> Step:
 def _dtr_backend(codegen: str) -> Callable[[BenchCase, Budget, Any], Step]:
     def prepare(case: BenchCase, budget: Budget, batch: Any) -> Step:
         try:
-            backend = importlib.import_module("dtr_compile.backend").dtr_backend
+            backend = upstairs.load("backend").dtr_backend
         except (ImportError, AttributeError) as exc:
             raise NotBuilt(f"dtr_compile.backend.dtr_backend is missing: {exc}") from exc
         from dtr_compile import config

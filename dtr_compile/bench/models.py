@@ -348,7 +348,9 @@ class LSTMLayer(nn.Module):
 
 
 class LSTMLanguageModel(nn.Module):
-    def __init__(self, vocab: int, hidden: int, layers: int, layer: Callable[[int, int], nn.Module] = LSTMLayer) -> None:
+    def __init__(
+        self, vocab: int, hidden: int, layers: int, layer: Callable[[int, int], nn.Module] = LSTMLayer
+    ) -> None:
         """`layer(d_in, hidden)` builds each LSTM layer (the dynamic models use a step-wise one)."""
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)
@@ -432,10 +434,18 @@ def build_model(name: str, size: str = "quick", seed: int = 0) -> BenchCase:
     """Build a benchmark case; the same (name, size, seed) gives the same weights in every process."""
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODELS)}")
-    builder, sizes = _BUILDERS[name]
+    sizes = _BUILDERS[name][1]
     if size not in sizes:
         raise ValueError(f"unknown size {size!r} for model {name!r}; expected one of {', '.join(SIZES)}")
+    return build_model_shaped(name, size, seed=seed, **sizes[size])
+
+
+def build_model_shaped(name: str, size: str = "custom", seed: int = 0, **shape: int) -> BenchCase:
+    """A benchmark case at a shape of the caller's choosing (the keywords of the model's sizes above, e.g.
+    `layers=12, width=384` for gpt2), named `size`: the runtime-overhead suite's 12-layer GPT-2."""
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODELS)}")
     torch.manual_seed(seed)
-    case = builder(size, **sizes[size])
+    case = _BUILDERS[name][0](size, **shape)
     case.model.train()
     return case
