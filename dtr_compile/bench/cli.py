@@ -8,7 +8,7 @@ Each (model, method, budget) runs in a fresh process with a fixed thread count. 
 results.md, pareto.png, section.md (a BENCHMARKS.md section) and, if a run failed, errors.txt into --out.
 
 The other sections of BENCHMARKS.md come from the suites, `python -m dtr_compile.bench SUITE [flags]`
-(suites/: runtime-overhead, compiled, kernels, handoff, simrd-reference); `--help` lists them.
+(suites/: runtime-overhead, replay, simrd-reference, compiled, kernels, handoff); `--help` lists them.
 """
 
 from __future__ import annotations

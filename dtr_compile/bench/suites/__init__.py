@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import compiled, handoff, kernels, runtime_overhead, simrd_reference
+from . import compiled, handoff, kernels, replay, runtime_overhead, simrd_reference
 
 # name on the command line -> suite, in the order of BENCHMARKS.md's sections
 SUITES: dict[str, ModuleType] = {
     "runtime-overhead": runtime_overhead,
+    "replay": replay,
+    "simrd-reference": simrd_reference,
     "compiled": compiled,
     "kernels": kernels,
     "handoff": handoff,
-    "simrd-reference": simrd_reference,
 }
 
 
