@@ -23,10 +23,6 @@ def row(cells: Sequence[Any]) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def mib(n: float, digits: int = 1) -> str:
-    return f"{n / MiB:.{digits}f} MiB"
-
-
 def mib_or_kib(n: float) -> str:
     """MiB from 10 MiB up, KiB below (the kernels' smoke sizes are kilobytes)."""
     return f"{n / MiB:.1f} MiB" if n >= 10 * MiB else f"{n / 2**10:.1f} KiB"

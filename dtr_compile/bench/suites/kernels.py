@@ -31,7 +31,7 @@ from ... import config
 from ...measure import measure_peak
 from .. import provenance
 from ..markdown import mib_or_kib as mib
-from ..markdown import write
+from ..markdown import table, write
 from ..timing import interleaved, median, timed
 from .args import positive
 from .kernels_graphs import compile_dtr, inductor_kernels, model_of, structure
@@ -134,13 +134,12 @@ def timed_tables(args: argparse.Namespace, device: torch.device) -> list[str]:
     lines += [
         f"### Backward at budget {args.budget}: fused / unfused = {backward_ratio:.3f}",
         "",
-        "| way | budget | measured peak | median forward | median backward |",
-        "|---|---|---|---|---|",
-    ]
-    for way in (fused, unfused):
-        forward, backward = median(way.forward_s), median(way.backward_s)
-        budget = mib(way.compiled.reports[-1].budget_bytes)
-        lines.append(f"| {way.name} | {budget} | {mib(way.peak)} | {forward * 1e3:.2f} ms | {backward * 1e3:.2f} ms |")
+        *table(
+            ("way", "budget", "measured peak", "median forward", "median backward"),
+            ([way.name, mib(way.compiled.reports[-1].budget_bytes), mib(way.peak), f"{median(way.forward_s) * 1e3:.2f} ms",
+              f"{median(way.backward_s) * 1e3:.2f} ms"] for way in (fused, unfused)),
+        ),
+    ]  # fmt: skip
 
     # PyTorch's knob: the largest setting whose measured peak is within 2% of ours or below; when none gets
     # there, the one with the lowest peak, said so.
@@ -172,11 +171,14 @@ def timed_tables(args: argparse.Namespace, device: torch.device) -> list[str]:
         "",
         f"Knob values tried (measured peak): {'; '.join(tried)}. Compared: {knob_note}.",
         "",
-        "| way | measured peak | median step | ours (fused) / this way |",
-        "|---|---|---|---|",
+        *table(
+            ("way", "measured peak", "median step", "ours (fused) / this way"),
+            (
+                [way.name, mib(way.peak), f"{way.step_s * 1e3:.2f} ms", f"{fused.step_s / way.step_s:.3f}"]
+                for way in ways
+            ),
+        ),
     ]
-    for way in ways:
-        lines.append(f"| {way.name} | {mib(way.peak)} | {way.step_s * 1e3:.2f} ms | {fused.step_s / way.step_s:.3f} |")
     return lines
 
 
