@@ -131,3 +131,19 @@ def test_the_engine_and_the_ground_floor_stay_low() -> None:
     for ground in ("dtr_compile.errors", "dtr_compile.compat"):
         assert not list(rooms.successors(ground)), (ground, list(rooms.successors(ground)))
     assert set(rooms.successors("dtr_compile.config")) <= {"dtr_compile.errors"}
+
+
+def test_rooms_are_loaded_by_name_only_where_declared() -> None:
+    """An import by name (`importlib.import_module`) is invisible to the graph above, so it may stand only where it
+    is the point: the facade's lazy submodules, the bench's one declared seam to the rooms it measures
+    (bench/upstairs.py: the bench runs the runtime and the backend in its children), and fit's loading of a
+    user's `module:function`."""
+    allowed = {"dtr_compile/__init__.py", "dtr_compile/bench/upstairs.py", "dtr_compile/fit.py"}
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr == "import_module":
+                found.add(str(path.relative_to(PACKAGE.parent)))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__":
+                found.add(str(path.relative_to(PACKAGE.parent)))
+    assert found <= allowed, f"imports by name outside the declared places: {sorted(found - allowed)}"

@@ -105,18 +105,22 @@ def test_trainer_with_defaults_holds_the_budget(tmp_path, arguments) -> None:
         assert len(evals) == 2 and all(math.isfinite(loss) for loss in evals), trainer.state.log_history
 
 
-# Out of CI (two more Trainer runs), and a known gap: under Trainer's bf16 autocast on CPU (`bf16=True,
-# use_cpu=True`) the steps train (loss finite, 58 evictions over 4 steps) but measure up to 1.08x a budget of 0.75
-# of the no-budget peak (1216896 against 1126089 bytes, steadily every other step over 8 steps; the runtime
-# accounts 1.04-1.09 MB), and 0.5 raises BudgetError (the step needs 993728 bytes). Measured on the 2-core CPU
-# development machine, torch 2.13.0, transformers 5.24.0, accelerate 1.15.0. Not Trainer's doing: a plain loop
-# of the same model under `torch.autocast("cpu", dtype=torch.bfloat16)` at that budget measures up to 1171712
-# bytes while the runtime accounts at most 1007620 (runtime/compiled path, not this file).
+# Out of CI (three more Trainer runs). Under Trainer's bf16 autocast on CPU (`bf16=True, use_cpu=True`) at 0.75 of
+# the no-budget peak the steps measured up to 1.16x the budget with no error (1303628 against 1126089 bytes): at the
+# end of a step, tensors the program holds (the loss, its scaled copies, the float32 logits the loss upcast) had been
+# evicted in the backward and were restored with no budget, rerunning the compiled forward behind them. The restore
+# now runs under the budget (Runtime._restore_outliving): this budget cannot hold the step, which raises a
+# BudgetError naming 1454404 bytes (1.29x), and at that budget every step measured 1446080 (0.994x). Measured on the
+# 2-core CPU development machine, torch 2.13.0, transformers 5.24.0, accelerate 1.15.0.
 @pytest.mark.slow
-@pytest.mark.xfail(reason="bf16 autocast: measured peak above the runtime's accounting (see comment)", strict=False)
-def test_trainer_bf16_autocast_holds_the_budget(tmp_path) -> None:
+def test_trainer_bf16_autocast_holds_the_budget_or_names_one_that_runs(tmp_path) -> None:
     reference, _, _ = _train(tmp_path / "none", None, bf16=True, use_cpu=True)
     budget = int(0.75 * max(reference))
-    peaks, losses, _ = _train(tmp_path / "budget", budget, bf16=True, use_cpu=True)
+    try:
+        peaks, losses, _ = _train(tmp_path / "budget", budget, bf16=True, use_cpu=True)
+    except dtr_compile.BudgetError as error:
+        assert error.smallest_feasible_bytes > budget and not error.is_lower_bound, error
+        budget = error.smallest_feasible_bytes
+        peaks, losses, _ = _train(tmp_path / "named", budget, bf16=True, use_cpu=True)
     assert losses and all(math.isfinite(loss) for loss in losses), losses
     assert max(peaks) <= budget, f"measured peaks {peaks} above the budget {budget} (no budget: {reference})"
