@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dtr_compile.passes.partition import MAX_SCALE
+
 from ..e2e import compiled_models as models
 
 pytestmark = pytest.mark.compat
@@ -22,6 +24,8 @@ def test_inductor_trains_a_small_transformer_under_a_budget() -> None:
     for name, want in expected.items():
         torch.testing.assert_close(grads[name], want, rtol=1e-4, atol=1e-5, msg=name)
     report = reports[-1]
-    assert report.planned_peak.peak_bytes <= report.target_bytes <= report.budget_bytes
+    # The model is held to its target; a target above the budget is a model shown (measured) to overestimate
+    # Inductor's memory, trusted at most MAX_SCALE x the budget. The measured peak is what must hold (below).
+    assert report.planned_peak.peak_bytes <= report.target_bytes <= MAX_SCALE * report.budget_bytes
     assert report.planned_peak.peak_bytes < report.no_remat.peak_bytes  # the budget binds: something is recomputed
     assert measured <= 1.05 * report.budget_bytes, (measured, report.budget_bytes)
