@@ -178,6 +178,10 @@ def _compiled(model: torch.nn.Module, compiler: str) -> Any:
 # ------------------------------------------------------------------------------------------- search
 
 
+def _on_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 def _step(runner: Any, model: torch.nn.Module, batch: dict) -> None:
     model.zero_grad(set_to_none=True)
     _loss(runner(**batch)).backward()
@@ -193,7 +197,7 @@ def try_batch(
     device: torch.device,
 ) -> Trial:
     """Does a training step of `batch_size` fit within `limit`? (a warm-up step, then a measured one)"""
-    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in make_batch(batch_size).items()}
+    batch = _on_device(make_batch(batch_size), device)
     allowed = step_limit(limit, device)
     try:
         with prepared(method, model, limit, compiler, device) as runner:
@@ -255,7 +259,7 @@ def throughput(
     steps: int,
 ) -> float:
     """Samples per second of `method` at `batch_size` over `steps` steps after a warm-up step."""
-    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in make_batch(batch_size).items()}
+    batch = _on_device(make_batch(batch_size), device)
     with prepared(method, model, limit, compiler, device) as runner:
         _step(runner, model, batch)
         synchronize(device)
