@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -18,6 +17,7 @@ triton = pytest.importorskip(
 
 from dtr_compile import config
 from dtr_compile.backend import make_backend
+from dtr_compile.bench.block_models import WrittenOutBlock
 from dtr_compile.kernels import compile_chain
 from dtr_compile.measure import measure_peak
 
@@ -60,27 +60,8 @@ def run_fused_and_unfused(
 # ------------------------------------------------------------------------------ compiled-path models
 
 
-class GPT2Block(nn.Module):
-    """A GPT-2-style block: pre-norm causal self-attention with attention and residual dropout, GELU MLP."""
-
-    def __init__(self, dim: int, heads: int, dropout: float) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.fc, self.out = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, dim = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(dim, dim=-1)
-        q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))
-        scores = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5)
-        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
-        attention = self.drop(torch.softmax(scores, dim=-1)) @ v
-        x = x + self.drop(self.proj(attention.transpose(1, 2).reshape(batch, length, dim)))
-        return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")))
+# GPT-2's block with its attention written out (softmax and dropout as ops): the kernels suite's own, one class.
+GPT2Block = WrittenOutBlock
 
 
 def gpt2_blocks(dropout: float, layers: int = 2, dim: int = 64) -> tuple[nn.Module, torch.Tensor]:
