@@ -17,7 +17,7 @@ import importlib
 from typing import Any
 
 from . import config
-from .errors import BudgetError, ConfigError, DeviceError, DTRError, LogFormatError, ThrashError
+from .errors import BudgetError, ConfigError, DeviceError, DTRError, LogFormatError, MeasurementError, ThrashError
 from .explain import explain
 
 __version__ = "0.1.0"
@@ -30,6 +30,7 @@ __all__ = [
     "DTRError",
     "DeviceError",
     "LogFormatError",
+    "MeasurementError",
     "ThrashError",
     "backend",
     "bench",

@@ -43,6 +43,10 @@ class ThrashError(DTRError):
     """Recomputation cost exceeded the thrash limit: the budget is too tight to make progress cheaply."""
 
 
+class MeasurementError(DTRError, RuntimeError):
+    """A peak could not be measured: the meter's evidence that its profiler recorded the step is missing."""
+
+
 class LogFormatError(DTRError, ValueError):
     """An operation log is malformed or truncated."""
 

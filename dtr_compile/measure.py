@@ -1,7 +1,8 @@
 """Measured peak memory of a step, exactly as DESIGN.md defines it. Never our own accounting.
 
 - CPU: the profiler's allocation events (they see eager, aot_eager and Inductor allocations alike),
-  sorted by time; the peak of the running sum of allocated (positive) and freed (negative) bytes.
+  sorted by time; the peak of the running sum of allocated (positive) and freed (negative) bytes. A profile
+  that lacks the meter's own probe allocation recorded nothing: a `MeasurementError`, never a peak of 0.
 - CUDA: `torch.cuda.max_memory_allocated()` minus the bytes allocated when the step began.
 
 Both report bytes allocated *above what was live when the step began*.
@@ -23,7 +24,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .errors import DeviceError
+from .errors import DeviceError, MeasurementError
 
 T = TypeVar("T")
 
@@ -135,12 +136,19 @@ def move_to(value: Any, device: str | torch.device) -> Any:
     return value
 
 
+# The meter's own probe, allocated and freed inside the profiled region just before the step: its two events
+# prove that the profiler recorded this thread's allocations, so an empty profile is refused (MeasurementError)
+# instead of read as a step that allocated nothing. It is freed before the step, so it adds nothing to the peak.
+PROBE_BYTES = 64
+
+
 def _measure_cpu(step: Callable[[], T]) -> tuple[T, PeakMeasurement]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        probe_address = _allocate_and_free_probe()
         result = step()
-    sizes = _allocation_sizes_in_time_order(prof)
+    sizes = [size for _, size in _after_probe(_allocation_events_in_time_order(prof), probe_address)]
     running = peak = allocated = 0
     for size in sizes:
         running += size
@@ -150,18 +158,44 @@ def _measure_cpu(step: Callable[[], T]) -> tuple[T, PeakMeasurement]:
     return result, PeakMeasurement(peak_bytes=peak, allocated_bytes=allocated, net_bytes=running, events=len(sizes))
 
 
-def _allocation_sizes_in_time_order(prof: Any) -> list[int]:
+def _allocate_and_free_probe() -> int:
+    """Allocate PROBE_BYTES and free them at once; the address the profiler's two events will carry."""
+    probe = torch.empty(PROBE_BYTES, dtype=torch.uint8)
+    address = probe.data_ptr()
+    del probe  # the only reference: the storage is freed here, before the step
+    return address
+
+
+def _allocation_events_in_time_order(prof: Any) -> list[tuple[int, int]]:
+    """(address, bytes) of every allocation (positive) and free (negative) the profile holds, in time order."""
     allocation = torch._C._profiler._EventType.Allocation
-    events: list[tuple[int, int, int]] = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
+    events: list[tuple[int, int, int, int]] = []
+    stack = list(reversed(prof.profiler.kineto_results.experimental_event_tree()))
+    while stack:  # pre-order, children in the order they were recorded
         node = stack.pop()
         if node.tag == allocation:
             # The sequence number keeps an allocation and a free with the same timestamp in order.
-            events.append((node.start_time_ns, len(events), int(node.extra_fields.alloc_size)))
-        stack.extend(node.children)
+            fields = node.extra_fields
+            events.append((node.start_time_ns, len(events), int(fields.ptr), int(fields.alloc_size)))
+        stack.extend(reversed(node.children))
     events.sort()
-    return [size for _, _, size in events]
+    return [(address, size) for _, _, address, size in events]
+
+
+def _after_probe(events: list[tuple[int, int]], probe_address: int) -> list[tuple[int, int]]:
+    """The events after the probe's free: the step's. A `MeasurementError` if the probe's events are missing,
+    since then the profiler recorded nothing of this thread and a peak of 0 would be silently wrong."""
+    try:
+        allocated = events.index((probe_address, PROBE_BYTES))
+        freed = events.index((probe_address, -PROBE_BYTES), allocated)
+    except ValueError:
+        raise MeasurementError(
+            f"measure_peak on cpu: the profiler recorded no memory events for this step (not even the meter's own "
+            f"{PROBE_BYTES}-byte probe allocated just before it; {len(events)} allocation events in all), so its "
+            "peak is unknown. Another torch.profiler session started or stopped during the step, or the profiler "
+            "failed to start: run the step with no other profiler active, or measure it again in a fresh process."
+        ) from None
+    return events[freed + 1 :]
 
 
 def _measure_cuda(step: Callable[[], T], device: torch.device) -> tuple[T, PeakMeasurement]:

@@ -13,8 +13,9 @@ import argparse
 import pytest
 import torch
 
-from dtr_compile import DeviceError, DTRError
+from dtr_compile import DeviceError, DTRError, MeasurementError, measure
 from dtr_compile.measure import (
+    PROBE_BYTES,
     add_device_argument,
     default_device,
     device_from_args,
@@ -128,6 +129,65 @@ def test_cuda_meter_without_cuda_is_a_device_error(monkeypatch):
 def test_cpu_meter_sees_a_step_allocation():
     _, measured = measure_peak(lambda: torch.empty(1 << 20, dtype=torch.uint8).fill_(1).sum(), "cpu")
     assert measured.peak_bytes >= 1 << 20
+
+
+BLOCK = 1 << 19
+
+
+def _block() -> torch.Tensor:
+    return torch.empty(BLOCK, dtype=torch.uint8)
+
+
+def test_cpu_meter_is_exact_and_leaves_out_its_probe():
+    """The probe is allocated and freed inside the profile before the step: it adds nothing to any figure."""
+    _, nothing = measure_peak(lambda: None)
+    assert (nothing.peak_bytes, nothing.allocated_bytes, nothing.net_bytes, nothing.events) == (0, 0, 0, 0)
+    _, one = measure_peak(_block)
+    assert (one.peak_bytes, one.allocated_bytes, one.net_bytes, one.events) == (BLOCK, BLOCK, BLOCK, 1)
+
+    def two_then_free() -> None:
+        a = _block()
+        b = torch.empty(2 * BLOCK, dtype=torch.uint8)
+        del a, b
+
+    _, two = measure_peak(two_then_free)
+    assert (two.peak_bytes, two.allocated_bytes, two.net_bytes, two.events) == (3 * BLOCK, 3 * BLOCK, 0, 4)
+
+
+def test_cpu_meter_refuses_a_profile_without_its_probe(monkeypatch):
+    """A profile that recorded no memory events (not even the probe's) raises instead of reporting 0 B."""
+    ran = []
+    monkeypatch.setattr(measure, "_allocation_events_in_time_order", lambda prof: [])
+    with pytest.raises(MeasurementError, match="recorded no memory events.*fresh process"):
+        measure_peak(lambda: ran.append(_block()))
+    assert ran, "the step ran: the error is about the profile, not the step"
+    assert issubclass(MeasurementError, DTRError)
+
+
+def test_cpu_meter_refuses_a_step_that_ends_its_profile():
+    """A profiler session started and stopped inside the step ends the meter's own: torch then returns an empty
+    profile (and logs "disableProfiler called but no active profiling session found"), which read as 0 B."""
+
+    def step() -> torch.Tensor:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True):
+            pass
+        return _block()
+
+    with pytest.raises(MeasurementError, match="no other profiler active"):
+        measure_peak(step)
+    _, measured = measure_peak(_block)  # the next measurement is unaffected
+    assert measured.peak_bytes == BLOCK
+
+
+def test_cpu_meter_counts_the_events_after_the_probe(monkeypatch):
+    """Events up to the probe's free are not the step's; every event after it is, a step allocation at the
+    probe's address included."""
+    probe = 1000
+    events = [(7, 10), (probe, PROBE_BYTES), (probe, -PROBE_BYTES), (8, -500), (probe, 300), (9, 900), (probe, -300)]
+    monkeypatch.setattr(measure, "_allocate_and_free_probe", lambda: probe)
+    monkeypatch.setattr(measure, "_allocation_events_in_time_order", lambda prof: events)
+    _, measured = measure_peak(lambda: None)
+    assert (measured.peak_bytes, measured.allocated_bytes, measured.net_bytes, measured.events) == (700, 1200, 400, 4)
 
 
 def test_synchronize_is_a_no_op_on_cpu(monkeypatch):
