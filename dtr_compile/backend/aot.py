@@ -61,7 +61,7 @@ def compile_region(
 
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-        from ..passes.fusion_guard import guarded_inner_compile
+        from ..passes.fusion_guard import guarded_inner_compile, keep_distant_matmuls_in_place
         from ..passes.verify import compile_within_budget
         from ..runtime.runtime import current_step
 
@@ -76,6 +76,8 @@ def compile_region(
             # A region that runs torch.compile's own partition (no recompute planned), and an inference part,
             # get Inductor's own scheduling too: the step is torch.compile's.
             unplanned = phase == "inference" or partitioner.reports[-1].partition == "min_cut"
+            if not unplanned:
+                keep_distant_matmuls_in_place(part)
             with (
                 _disable_current_modes(),  # a backward compiled lazily runs inside a step's backward pass
                 torch._inductor.config.patch(reorder_for_peak_memory=reorder if unplanned else False),

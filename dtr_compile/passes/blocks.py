@@ -29,7 +29,7 @@ from torch import fx
 
 from .schedule import JointFacts
 
-__all__ = ["OPTIONS", "Block", "find_chain", "option_drops"]
+__all__ = ["OPTIONS", "Block", "boundaries", "find_chain", "option_drops"]
 
 OPTIONS = ("save", "keep", "sac", "checkpoint")
 _ELEMENT = re.compile(r"^(.*)\.(\d+)$")  # "L['self'].transformer.h.3" -> ("L['self'].transformer.h", "3")
@@ -107,6 +107,14 @@ def find_chain(facts: JointFacts) -> list[Block] | None:
     return blocks
 
 
+def boundaries(facts: JointFacts, blocks: list[Block]) -> frozenset[fx.Node]:
+    """The values the chain's blocks start from: every block's outputs, and the forward values the first block
+    reads (a plan may save them for a recompute: JointFacts.allow_saving)."""
+    first = blocks[0].forward
+    entry = {a for n in first for a in facts.inputs[n] if a in facts.is_forward and a not in first}
+    return frozenset(entry).union(*(b.outputs for b in blocks))
+
+
 def _kept_by_sac(node: fx.Node) -> bool:
     target = node.target
     if target in _MATMUL_LIKE:
@@ -118,13 +126,15 @@ def _kept_by_sac(node: fx.Node) -> bool:
 def option_drops(facts: JointFacts, block: Block, option: str, start: frozenset[fx.Node]) -> frozenset[fx.Node]:
     """The forward values of `block` the forward does not save under `option` (`start`: the starting
     partition's dropped values)."""
-    candidates = [n for n in facts.candidates if n in block.forward]
+    # A block's outputs are the next block's input: every option saves them (they cost nothing when nothing reads
+    # them in the backward), so that recomputing a block never reaches into the block before it.
+    candidates = [n for n in facts.candidates if n in block.forward and n not in block.outputs]
     if option == "save":
         return frozenset()
     if option == "keep":
         return frozenset(n for n in candidates if n in start)
     if option == "checkpoint":
-        return frozenset(n for n in candidates if n not in block.outputs)
+        return frozenset(candidates)
     if option == "sac":
-        return frozenset(n for n in candidates if n not in block.outputs and not _kept_by_sac(n))
+        return frozenset(n for n in candidates if not _kept_by_sac(n))
     raise ValueError(f"unknown block option {option!r}; expected one of {OPTIONS}")

@@ -13,6 +13,15 @@ forward-time nodes and as other recomputes of the same value (measured on a 4-bl
 than `max_gap` nodes apart in the scheduler's original order (Inductor itself refuses horizontal
 fusions more than 64 apart, for the same reason). Fusions of neighbours, which make up the usual
 pointwise chains and epilogues, are untouched.
+
+Before scheduling, Inductor's post-grad pattern passes move a matmul in one case: `add(mm(a, b), c)` becomes
+`addmm(c, a, b)` (and `add(mm, mm)` one fused kernel), computed where the add is. When the add lies far from the
+matmul, everything the matmul reads lives until the add. On a model with tied embeddings (GPT-2's lm_head and
+wte) the gradient of the shared weight is such a sum, and the add is the last op of the backward: the logits'
+gradient (8 MB on the CPU stand-in GPT-2) stayed alive through the whole backward, 1.18x the plan's model.
+`keep_distant_matmuls_in_place` writes such an add `c + m` as `sub(c, m, alpha=-1)`, `c - (-1 * m)`, which is the
+same sum bit for bit (negation is exact in IEEE arithmetic) and which no pattern matches (they ignore an add's
+extra keyword arguments, so `alpha=1` would not do); an add right after its matmul still fuses.
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+from torch import fx
 from torch._inductor.choices import InductorChoices
 
 # How far apart (in Inductor scheduler nodes, original order) two nodes may be and still fuse.
@@ -63,3 +74,27 @@ def guarded_inner_compile(inner_compile: Callable[..., Any]) -> Callable[..., An
             return inner_compile(gm, example_inputs, **kwargs)
 
     return inner
+
+
+_MATMULS = (torch.ops.aten.mm.default,)
+
+
+def keep_distant_matmuls_in_place(gm: fx.GraphModule) -> int:
+    """Write `add(mm, c)` as `sub(c, mm, alpha=-1)` where an op runs between the mm and the add, so that Inductor's
+    addmm patterns do not move the mm to the add (see the module doc); returns how many adds were changed."""
+    position = {node: i for i, node in enumerate(gm.graph.nodes)}
+    changed = 0
+    for node in gm.graph.nodes:
+        if node.target is not torch.ops.aten.add.Tensor or node.kwargs:
+            continue
+        for k, arg in enumerate(node.args):
+            if isinstance(arg, fx.Node) and arg.target in _MATMULS and position[node] - position[arg] > 1:
+                other = node.args[1 - k]
+                node.target = torch.ops.aten.sub.Tensor
+                node.args = (other, arg)
+                node.kwargs = {"alpha": -1}
+                changed += 1
+                break
+    if changed:
+        gm.recompile()
+    return changed

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 from torch import fx
 
-from .blocks import find_chain
+from .blocks import Block, boundaries, find_chain
 from .chain_plan import plan_chain
 from .schedule import Emitted, Infeasible, JointFacts, Simulation, Trace, Version, build_trace, simulate
 
@@ -437,6 +437,9 @@ def _plan(
     start: float,
 ) -> Plan:
     facts = JointFacts(gm, num_fwd_outputs)
+    blocks = find_chain(facts) if budget_bytes is not None else None
+    if blocks is not None:
+        facts.allow_saving(boundaries(facts, blocks))  # before the start is read off `keep`
     initial = frozenset()
     if keep is not None:  # a value is kept when the partition saves it or a view of it
         kept = {k[0] for n in facts.nodes if n.name in keep for k in facts.keys[n]}
@@ -446,7 +449,7 @@ def _plan(
     if budget_bytes is None or search.state.peak <= budget_bytes:
         state = search.state
     else:
-        state, options = _plan_blocks(search, budget_bytes)
+        state, options = _plan_blocks(search, blocks, budget_bytes)
         if state is not None:
             state = search.fill(budget_bytes)
         small = len(facts.candidates) <= GREEDY_ALONGSIDE
@@ -484,11 +487,12 @@ def _plan(
     )
 
 
-def _plan_blocks(search: _Search, budget: int) -> tuple[_State | None, tuple[str, ...] | None]:
+def _plan_blocks(
+    search: _Search, blocks: list[Block] | None, budget: int
+) -> tuple[_State | None, tuple[str, ...] | None]:
     """The chain planner's plan (chain_plan.py) when the graph is a chain of blocks and some combination of
     block options meets `budget`; else (None, None), with the search moved to the all-checkpoint plan when
     that lowers its peak, so that the greedy search goes on below checkpointing's floor from there."""
-    blocks = find_chain(search.facts)
     if blocks is None:
         return None, None
     result = plan_chain(search, blocks, budget)

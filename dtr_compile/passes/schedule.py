@@ -17,6 +17,7 @@ for byte (tests/passes check it).
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from torch import fx
@@ -66,23 +67,12 @@ class JointFacts:
         # Random ops: bytes of the generator state a recompute replays (saved by the forward).
         self.rng_state_bytes = {n: rng_state_nbytes(n) for n in self.forward if self.cost[n].needs_rng_replay}
         self.nbytes.update({(n, RNG_STATE_INDEX): b for n, b in self.rng_state_bytes.items()})
-        pinned = {k for o in self.fwd_outputs for k in self.keys[o]}
-        # Forward storages the backward reads: the ones a plan may save or drop.
-        read_by_backward = {k for b in self.backward for a in self.inputs[b] for k in self.keys[a]}
-        self.candidates = [
-            n
-            for n in self.forward
-            if self.cost[n].recomputable
-            and any(self.nbytes[k] > 0 and k in read_by_backward and k not in pinned for k in self.own[n])
-        ]
-        self.read_by_backward = read_by_backward
-        self.pinned_forward = pinned
-        # Per node, for the search's inner loops: the producers of its counted storages, and whether the
-        # backward reads all of them (then the node is available in the backward unless one is dropped).
+        self.pinned_forward = {k for o in self.fwd_outputs for k in self.keys[o]}
+        # Forward storages the backward reads: the ones a plan may save or drop (allow_saving adds more).
+        self.read_by_backward = {k for b in self.backward for a in self.inputs[b] for k in self.keys[a]}
+        # Per node, for the search's inner loops: the producers of its counted storages.
         self.producers = {n: frozenset(k[0] for k in self.keys[n] if self.nbytes.get(k, 0) > 0) for n in self.nodes}
-        self.readable = {
-            n: all(k in read_by_backward for k in self.keys[n] if self.nbytes.get(k, 0) > 0) for n in self.nodes
-        }
+        self._index_savable()
         self.input_keys = {n: tuple((k, 0) for k in self.keys[n]) for n in self.nodes if n.op == "placeholder"}
         self.pointwise = {n for n in self.nodes if is_pointwise(n)}
         self.movable = self.pointwise | {n for n in self.nodes if is_view(n)}
@@ -96,6 +86,37 @@ class JointFacts:
                 if j is not None:
                     self.forward_readers[j].append(i)
         self.forward_keys_cache: tuple[list, list, dict] | None = None  # schedule._forward_keys
+
+    def _index_savable(self) -> None:
+        """The candidates (forward values a plan may save or drop), and per node whether every storage it has
+        may be saved (then the node is available in the backward unless one of its producers is dropped)."""
+        savable, pinned = self.read_by_backward, self.pinned_forward
+        self.candidates = [
+            n
+            for n in self.forward
+            if self.cost[n].recomputable
+            and any(self.nbytes[k] > 0 and k in savable and k not in pinned for k in self.own[n])
+        ]
+        self.readable = {n: all(k in savable for k in self.keys[n] if self.nbytes.get(k, 0) > 0) for n in self.nodes}
+
+    def allow_saving(self, nodes: Iterable[fx.Node]) -> None:
+        """Let a plan save `nodes` although no backward op reads them: values a recompute may start from.
+
+        A chain's block boundaries are such values when the backward reads only what the block computes from
+        them: with Inductor's decompositions a layer norm's backward reads its normalized input, not the residual
+        stream it normalized. Without them, checkpointing a block recomputed every block before it, from the
+        embedding (on the CPU stand-in GPT-2, the all-checkpoint plan modelled 241 MB, above saving everything)."""
+        extra = {
+            k
+            for n in nodes
+            if n in self.is_forward and self.cost[n].recomputable
+            for k in self.own[n]
+            if self.nbytes.get(k, 0) > 0 and k not in self.pinned_forward
+        }
+        if extra <= self.read_by_backward:
+            return
+        self.read_by_backward = self.read_by_backward | extra
+        self._index_savable()
 
 
 @dataclass

@@ -85,7 +85,11 @@ def measure_region(compiled: Callable[..., Any], example_inputs: Sequence[Any]) 
     def step() -> None:
         outputs = [o for o in tree_flatten(compiled(*inputs))[0] if isinstance(o, torch.Tensor) and o.requires_grad]
         if outputs:
-            torch.autograd.backward(outputs, [torch.ones_like(o) for o in outputs])
+            # The outputs' gradients are made by the autograd engine (each sum's backward), as a loss's backward
+            # makes them in a training step, and handed to the region's backward, which frees them after their
+            # last use. Gradients passed in here (`backward(outputs, [ones_like(o), ...])`) would be held by this
+            # frame through the whole backward: 8 MB of logits' gradient on the CPU stand-in GPT-2.
+            torch.autograd.backward([o.sum() for o in outputs])
 
     def clear_grads() -> None:  # before, not inside, the measured step: its gradients are allocated anew
         for leaf in leaves:

@@ -18,31 +18,42 @@ from torch.utils.checkpoint import checkpoint
 
 from dtr_compile.backend import make_backend
 from dtr_compile.errors import BudgetError
-from dtr_compile.passes.blocks import OPTIONS, find_chain, option_drops
+from dtr_compile.passes.blocks import OPTIONS, boundaries, find_chain, option_drops
 from dtr_compile.passes.chain_plan import plan_chain
 from dtr_compile.passes.planner import _Search
 from dtr_compile.passes.schedule import JointFacts
 
 
 class _Block(nn.Module):
-    def __init__(self, width: int, dropout: float) -> None:
+    def __init__(self, width: int, dropout: float, scaled_input: bool = False) -> None:
         super().__init__()
+        # scaled_input: the block starts with x * 0.5, whose backward reads nothing, so no backward op reads the
+        # block's input (as with Inductor's decomposed layer norm, whose backward reads its normalized input).
+        self.scaled_input = scaled_input
         self.ln = nn.LayerNorm(width)
         self.up = nn.Linear(width, 4 * width)
         self.down = nn.Linear(4 * width, width)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.drop(self.down(nn.functional.gelu(self.up(self.ln(x)))))
+        h = x * 0.5 if self.scaled_input else self.ln(x)
+        return x + self.drop(self.down(nn.functional.gelu(self.up(h))))
 
 
 class _Stack(nn.Module):
     """A chain of `depth` blocks in a ModuleList, then a head (outside the chain)."""
 
-    def __init__(self, depth: int = 3, width: int = 32, dropout: float = 0.0, checkpointed: bool = False) -> None:
+    def __init__(
+        self,
+        depth: int = 3,
+        width: int = 32,
+        dropout: float = 0.0,
+        checkpointed: bool = False,
+        scaled_input: bool = False,
+    ) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.h = nn.ModuleList(_Block(width, dropout) for _ in range(depth))
+        self.h = nn.ModuleList(_Block(width, dropout, scaled_input) for _ in range(depth))
         self.head = nn.Linear(width, 1)
         self.checkpointed = checkpointed
 
@@ -70,9 +81,13 @@ def _report(model: nn.Module, budget, x: torch.Tensor):
 
 
 def _search(model: nn.Module, x: torch.Tensor):
-    """The planner's search at the starting partition (min-cut's), and the graph's facts."""
+    """The planner's search at the starting partition (min-cut's), and the graph's facts (the chain's boundaries
+    savable, as the planner makes them)."""
     report = _report(model, None, x)
     facts = JointFacts(report.joint, report.num_fwd_outputs)
+    blocks = find_chain(facts)
+    if blocks is not None:
+        facts.allow_saving(boundaries(facts, blocks))
     return _Search(facts, report.plan.dropped, inductor=False), facts
 
 
@@ -168,10 +183,13 @@ def test_below_the_all_checkpoint_floor_the_error_names_a_floor_that_runs() -> N
     assert report.planned_peak.peak_bytes <= error.smallest_feasible_bytes
 
 
-def test_a_blocks_recompute_runs_in_its_own_backward() -> None:
+@pytest.mark.parametrize("scaled_input", [False, True])
+def test_a_blocks_recompute_runs_in_its_own_backward(scaled_input: bool) -> None:
     """Every block checkpointed: each value a block's backward recomputes is made for, and read only by, the
-    backward ops of that block (so it is freed before the next block's backward begins)."""
-    search, facts = _search(_Stack(depth=3), torch.randn(64, 32))
+    backward ops of that block (so it is freed before the next block's backward begins). Also when no backward
+    op reads a block's input (`scaled_input`): the plan saves it for the recompute, which otherwise reached back
+    through every earlier block to the chain's start."""
+    search, facts = _search(_Stack(depth=3, scaled_input=scaled_input), torch.randn(64, 32))
     blocks = find_chain(facts)
     trace = plan_chain(search, blocks, 1).floor.trace
     block_of = {n: k for k, b in enumerate(blocks) for n in b.forward}
@@ -188,3 +206,5 @@ def test_a_blocks_recompute_runs_in_its_own_backward() -> None:
             reader_owner = facts.backward[trace.owner[reader - trace.boundary]]
             assert block_of_backward.get(reader_owner) == block_of[op.node], (op.node, trace.ops[reader].node)
     assert recomputed_in == {0, 1, 2}
+    recomputed = sum(trace.recomputed.get(n, 0) for b in blocks for n in b.forward)
+    assert recomputed <= sum(len(b.forward) for b in blocks)  # each block's values once, not once per later block
