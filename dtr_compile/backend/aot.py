@@ -74,7 +74,7 @@ def compile_region(
             )
             finish = wrap(part, phase) if wrap is not None else None
             # A region that runs torch.compile's own partition (no recompute planned), and an inference part,
-            # get Inductor's own scheduling too: the step is torch.compile's.
+            # get Inductor's own scheduling and fusions too: the step is torch.compile's.
             unplanned = phase == "inference" or partitioner.reports[-1].partition == "min_cut"
             if not unplanned:
                 keep_distant_matmuls_in_place(part)
@@ -82,7 +82,7 @@ def compile_region(
                 _disable_current_modes(),  # a backward compiled lazily runs inside a step's backward pass
                 torch._inductor.config.patch(reorder_for_peak_memory=reorder if unplanned else False),
             ):
-                compiled = guarded(part, inputs, **kwargs)
+                compiled = (compile_fx_inner if unplanned else guarded)(part, inputs, **kwargs)
             return finish(compiled) if finish is not None else compiled
 
         # Our plan must reach Inductor unchanged: its own partitioner is replaced by ours (as a config
