@@ -29,6 +29,12 @@ from torch import fx
 
 from .storage import is_mutating, returns_alias
 
+# A memory model between the exact one and Inductor's (partition.plan_model): every value is allocated where the
+# plan computes it, except the recomputed pointwise ops Inductor computes inside their readers. Passed where the
+# other two pass `inductor=False` / `inductor=True`. A checkpointed block's recompute (a GELU's chain of pointwise
+# ops) is fused by Inductor into the backward's kernels: the exact model counted each link as a buffer.
+FUSED_RECOMPUTE = "fused_recompute"
+
 # Inductor stops inlining (stores the value) once an inlined chain reads more than this many buffers
 # (`realize_acc_reads_threshold`, 8; 12 on CPU); the model uses the smaller one.
 MAX_INLINED_READS = 8

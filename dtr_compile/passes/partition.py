@@ -34,6 +34,7 @@ from ..errors import BudgetError, format_bytes
 from . import plan_cache
 from .costs import CostMode, annotate_costs
 from .fuse_recompute import FusionReport, fuse_recomputes
+from .inlining import FUSED_RECOMPUTE
 from .paging import page_schedule
 from .peak import PeakModel, schedule_peak
 from .planner import Plan, paused_gc, plan_schedule
@@ -106,14 +107,22 @@ MAX_SCALE = 1.25  # a model that overestimated Inductor's memory is trusted to g
 # (measured by verify.py): the model is within a few percent there, and if that partition meets the budget the
 # step is torch.compile's, peak and time (issue 17: the plan at budget 1.0 measured 1.005 of it).
 MIN_CUT_ABOVE = 0.97
-# The memory model that holds a region's plans under Inductor unless a caller names one. "exact" counts every value
-# where the plan computes it (realize.py makes Inductor compute it there). Neither model bounds what Inductor
-# measures, so verify.py measures the plan and re-aims it once by its own measured / modelled ratio. The exact one
-# was the better start on the CPU stand-in GPT-2 at 0.5 (BENCHMARKS.md section 7): the Inductor model (inlining.py),
-# held to a scale calibrated on another plan of the graph, planned 58 MB for an 81.5 MB budget with 1.41 s of
-# modelled recompute (3.5x torch.compile's step); the exact model's kept plan had 0.37 s (2.8x), modelled at
-# 70.4 MB and measured at 81.3 MB (it underestimated Inductor by 15% there).
-INDUCTOR_PLAN_MODEL = "exact"
+# The memory model that holds a region's plans under Inductor unless a caller names one: FUSED_RECOMPUTE counts every
+# value where the plan computes it (realize.py makes Inductor compute it there), except the recomputed pointwise ops,
+# which Inductor fuses into the backward's kernels (inlining.py). verify.py measures the plan and re-aims it once by
+# its own measured / modelled ratio. On the CPU stand-in GPT-2 (BENCHMARKS.md section 7) it measured 1.000x of its
+# model at 0.5 and 0.73 of torch.compile's peak and 1.007x at 0.36 (checkpointing's peak), where the exact model,
+# which counts each link of a recomputed GELU as a buffer, could not plan below 66 MB without recomputing 1.4 s a
+# step (0.12 s now), and the Inductor model (every pointwise op inlined) measured 1.10-1.16x of its plans.
+INDUCTOR_PLAN_MODEL = FUSED_RECOMPUTE
+
+
+MEMORY_MODELS = ("exact", "inductor", FUSED_RECOMPUTE)
+
+
+def model_flag(memory_model: str) -> bool | str:
+    """The `inductor` argument of the planner, peak.py and schedule.py for a memory model's name."""
+    return {"exact": False, "inductor": True}.get(memory_model, memory_model)
 
 
 def plan_model(memory_model: str | None, codegen: str) -> str:
@@ -171,7 +180,7 @@ def replay_joint(
 ) -> PlanReport:
     """The PlanReport of a plan kept by plan_cache.py, rebuilt on `joint` without planning: the no-remat and the
     planned schedules are emitted from their stored traces and modelled again (KeyError, ValueError: a miss)."""
-    inductor = entry["memory_model"] == "inductor"
+    inductor = model_flag(entry["memory_model"])
     annotate_costs(joint, mode=cost_mode, codegen=codegen)
     baseline = plan_cache.plan_from_data(joint, entry["baseline"])
     baseline_gm = emit_plan(joint, baseline, num_fwd_outputs=num_fwd_outputs)
@@ -217,10 +226,10 @@ def _plan_joint(
     memory_model: str | None = None,
     start_above: float | None = None,
 ) -> PlanReport:
-    if memory_model not in (None, "inductor", "exact"):
-        raise ValueError(f"memory_model={memory_model!r}; expected 'inductor', 'exact' or None")
+    if memory_model not in (None, *MEMORY_MODELS):
+        raise ValueError(f"memory_model={memory_model!r}; expected one of {', '.join(MEMORY_MODELS)} or None")
     model_name = plan_model(memory_model, codegen)
-    inductor = model_name == "inductor"
+    inductor = model_flag(model_name)
     annotate_costs(joint, mode=cost_mode, codegen=codegen)
     baseline = plan_schedule(joint, None, num_fwd_outputs=num_fwd_outputs, keep=keep, inductor=inductor)
     baseline_gm = emit_plan(joint, baseline, num_fwd_outputs=num_fwd_outputs)
@@ -469,7 +478,7 @@ class DTRPartitioner(_PartitionerBase):
                 report.partition = "min_cut"
                 return min_cut[0], min_cut[1]
             forward, backward = split_joint(report.fusion.graph, num_fwd_outputs=num_fwd_outputs)
-            if codegen == "inductor" and report.memory_model == "exact":
+            if codegen == "inductor" and report.memory_model in ("exact", FUSED_RECOMPUTE):
                 # The exact model counts every value where the plan computes it; Inductor must compute it there.
                 # (The FX graph cache cannot confuse these graphs with unpinned ones: its key holds our __reduce__.)
                 for part in (forward, backward):

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from .inlining import InlineDecider, inductor_inlined, is_pointwise, is_view, sunk_order
+from .inlining import FUSED_RECOMPUTE, InlineDecider, inductor_inlined, is_pointwise, is_view, sunk_order
 from .meta import DTR_META_KEY
+from .rewrite import RECOMPUTE_META_KEY
 from .storage import StorageKey, StorageMap
 
 
@@ -47,8 +48,12 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool = 
     nodes = list(gm.graph.nodes)
     tangents = {n for n in nodes if n.op == "placeholder" and n.name.startswith("tangents")}
     inline = None
+    recomputes_only = inductor == FUSED_RECOMPUTE
     if inductor:
-        inline = InlineDecider(inductor_inlined(nodes, _same_graph))
+        inlined = inductor_inlined(nodes, _same_graph)
+        if recomputes_only:
+            inlined = {n: kind for n, kind in inlined.items() if RECOMPUTE_META_KEY in n.meta}
+        inline = InlineDecider(inlined)
     storages = StorageMap(gm.graph, counted_inputs=tangents, inline=inline)
     output = next(n for n in reversed(nodes) if n.op == "output")
     outs = [o for o in output.args[0] if isinstance(o, fx.Node)]
@@ -59,7 +64,8 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool = 
     forward_ops = [n for n in ops if n not in backward]
     backward_ops = [n for n in ops if n in backward]
     if inductor:  # pointwise ops run where their first reader needs them
-        forward_ops, backward_ops = _sunk(forward_ops, inline), _sunk(backward_ops, inline)
+        forward_ops = _sunk(forward_ops, inline, recomputes_only)
+        backward_ops = _sunk(backward_ops, inline, recomputes_only)
 
     def counted(key: StorageKey) -> int:
         info = storages.info[key]
@@ -124,8 +130,12 @@ def _same_graph(a: fx.Node, b: fx.Node) -> bool:
     return a.meta.get("partitioner_tag") == b.meta.get("partitioner_tag")
 
 
-def _sunk(sequence: list[fx.Node], inline: InlineDecider) -> list[fx.Node]:
+def _sunk(sequence: list[fx.Node], inline: InlineDecider, recomputes_only: bool = False) -> list[fx.Node]:
     position = {n: i for i, n in enumerate(sequence)}
     readers = [[position[u] for u in n.users if u in position] for n in sequence]
-    movable = [is_view(n) or is_pointwise(n) and not inline.stored_on_reuse(n) for n in sequence]
+    movable = [
+        (is_view(n) or is_pointwise(n) and not inline.stored_on_reuse(n))
+        and (not recomputes_only or RECOMPUTE_META_KEY in n.meta)
+        for n in sequence
+    ]
     return [sequence[i] for i in sunk_order(0, len(sequence), readers, movable)]

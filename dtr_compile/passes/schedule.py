@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from .inlining import InlineDecider, inline_kind, is_loop, is_pointwise, is_view, sunk_order
+from .inlining import FUSED_RECOMPUTE, InlineDecider, inline_kind, is_loop, is_pointwise, is_view, sunk_order
 from .meta import NodeCost, cost_of
 from .storage import RNG_STATE_INDEX, StorageKey, StorageMap, rng_state_nbytes
 
@@ -276,7 +276,8 @@ def storage_keys(
     recomputes replay (see rewrite.py); each recompute reads it."""
     ops = trace.ops
     index = trace.index
-    inline = InlineDecider(_inline_candidates(facts, trace)) if inductor else None
+    recomputes_only = inductor == FUSED_RECOMPUTE
+    inline = InlineDecider(_inline_candidates(facts, trace, recomputes_only)) if inductor else None
     replayed = {n for n, times in trace.recomputed.items() if n in facts.rng_state_bytes and times > 0}
     entry_keys: list[tuple[SimKey, ...]] = []
     result = []
@@ -355,8 +356,9 @@ def _inlines(inline: InlineDecider, i: int, op: Emitted, inputs: tuple, index: d
     return inline.inlines(i, len(_union(inputs)), node=op.node, inputs=positions)
 
 
-def _inline_candidates(facts: JointFacts, trace: Trace) -> dict[int, str]:
-    """Trace positions of the pointwise ops Inductor may compute inside their readers, with their kind."""
+def _inline_candidates(facts: JointFacts, trace: Trace, recomputes_only: bool = False) -> dict[int, str]:
+    """Trace positions of the pointwise ops Inductor may compute inside their readers, with their kind
+    (`recomputes_only`: of the backward's recomputes only, the FUSED_RECOMPUTE model)."""
     readers = trace.readers
     index = trace.index
     outputs = {index.get((o, v)) for o, v in trace.fwd_versions.items()}
@@ -365,7 +367,7 @@ def _inline_candidates(facts: JointFacts, trace: Trace) -> dict[int, str]:
     ops = trace.ops
     kinds = {}
     for i, op in enumerate(ops):
-        if op.node not in facts.pointwise or i in outputs:
+        if op.node not in facts.pointwise or i in outputs or recomputes_only and not op.is_recompute:
             continue
         effective: list[int] = []
         stack = list(readers[i])
@@ -386,15 +388,19 @@ def _inline_candidates(facts: JointFacts, trace: Trace) -> dict[int, str]:
     return kinds
 
 
-def run_order(facts: JointFacts, trace: Trace, inline: InlineDecider | None) -> list[int]:
+def run_order(
+    facts: JointFacts, trace: Trace, inline: InlineDecider | None, recomputes_only: bool = False
+) -> list[int]:
     """Trace positions in the order the compiled code runs them: as planned for plain FX execution; for
-    Inductor (`inline` given), with pointwise ops run where their first reader needs them, except the
-    values it stores on reuse (inlining.sunk_order)."""
+    Inductor (`inline` given), with pointwise ops (`recomputes_only`: recomputed ones) run where their first
+    reader needs them, except the values it stores on reuse (inlining.sunk_order)."""
     count = len(trace.ops)
     if inline is None:
         return list(range(count))
     movable = [
-        op.node in facts.movable and not (op.node in facts.pointwise and inline.stored_on_reuse(i))
+        op.node in facts.movable
+        and not (op.node in facts.pointwise and inline.stored_on_reuse(i))
+        and (op.is_recompute or not recomputes_only)
         for i, op in enumerate(trace.ops)
     ]
     return sunk_order(0, trace.boundary, trace.readers, movable) + sunk_order(
@@ -415,7 +421,7 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool = False, limit: 
     Positions in the result (timeline, peak_index, reads, ...) are run positions: `order[p]` is the
     trace position of the op that runs p-th (see `run_order`)."""
     keyed_by_trace, _, inline = storage_keys(facts, trace, inductor=inductor)
-    order = run_order(facts, trace, inline)
+    order = run_order(facts, trace, inline, recomputes_only=inductor == FUSED_RECOMPUTE)
     keyed = [keyed_by_trace[i] for i in order]
     ops = [trace.ops[i] for i in order]
     boundary = trace.boundary

@@ -12,7 +12,7 @@ from torch import fx, nn
 from dtr_compile.passes import emit_plan, schedule_peak
 from dtr_compile.passes.costs import annotate_costs
 from dtr_compile.passes.fusion_guard import fusion_gap
-from dtr_compile.passes.inlining import MULTI, SINGLE, InlineDecider, inductor_inlined, sunk_order
+from dtr_compile.passes.inlining import FUSED_RECOMPUTE, MULTI, SINGLE, InlineDecider, inductor_inlined, sunk_order
 from dtr_compile.passes.planner import Plan
 from dtr_compile.passes.schedule import JointFacts, build_trace, simulate
 from dtr_compile.passes.storage import StorageMap
@@ -48,8 +48,8 @@ def _trace_as_plan(trace) -> Plan:
     return Plan(None, trace.ops, trace.boundary, trace.fwd_versions, trace.final_versions, 0, True, 0.0, 0.0)
 
 
-@pytest.mark.parametrize("inductor", [False, True])
-def test_simulation_equals_model_of_emitted_graph(inductor: bool) -> None:
+@pytest.mark.parametrize("inductor", [False, True, FUSED_RECOMPUTE])
+def test_simulation_equals_model_of_emitted_graph(inductor: bool | str) -> None:
     joint, n_out = _decomposed_joint(*_model())
     annotate_costs(joint, codegen="inductor" if inductor else "fx")
     facts = JointFacts(joint, n_out)
@@ -70,6 +70,23 @@ def test_simulation_equals_model_of_emitted_graph(inductor: bool) -> None:
         assert within.complete and within.peak == simulated.peak and within.timeline == simulated.timeline
         above = simulate(facts, trace, inductor=inductor, limit=simulated.peak - 1)
         assert not above.complete and above.peak == simulated.peak and len(above.timeline) <= len(simulated.timeline)
+
+
+def test_fused_recompute_model_inlines_only_recomputes() -> None:
+    """FUSED_RECOMPUTE is the exact model except inside recompute bursts (the recomputed pointwise ops live in
+    Inductor's kernels, not in buffers): equal to it with nothing dropped and in the forward, apart from it in the
+    backward once everything is recomputed, its peak between the Inductor model's and the exact one's."""
+    joint, n_out = _decomposed_joint(*_model())
+    annotate_costs(joint, codegen="inductor")
+    facts = JointFacts(joint, n_out)
+    nothing = build_trace(facts, set())
+    assert simulate(facts, nothing, inductor=FUSED_RECOMPUTE).peak == simulate(facts, nothing, inductor=False).peak
+    everything = build_trace(facts, set(facts.candidates))
+    exact, fused, inductor = (simulate(facts, everything, inductor=flag) for flag in (False, FUSED_RECOMPUTE, True))
+    assert inductor.peak <= fused.peak <= exact.peak
+    forward = slice(None, everything.boundary)  # no recompute there: the same in both
+    assert fused.timeline[forward] == exact.timeline[forward]
+    assert fused.timeline != exact.timeline  # the recompute bursts are counted apart
 
 
 def test_forgotten_values_are_recomputed_again() -> None:
