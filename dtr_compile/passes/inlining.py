@@ -30,8 +30,8 @@ from torch import fx
 from .storage import is_mutating, returns_alias
 
 # A memory model between the exact one and Inductor's (partition.plan_model): every value is allocated where the
-# plan computes it, except the recomputed pointwise ops Inductor computes inside their readers. Passed where the
-# other two pass `inductor=False` / `inductor=True`. A checkpointed block's recompute (a GELU's chain of pointwise
+# plan computes it, except the recomputed pointwise ops Inductor computes inside their readers. Passed as the
+# `inductor` argument where the other two pass False / True (partition.model_flag: one flag, three models). A checkpointed block's recompute (a GELU's chain of pointwise
 # ops) is fused by Inductor into the backward's kernels: the exact model counted each link as a buffer.
 FUSED_RECOMPUTE = "fused_recompute"
 

@@ -310,7 +310,7 @@ def _plan_joint(
 
 
 def _paged_plan(
-    joint: fx.GraphModule, target: int, num_fwd_outputs: int, keep: frozenset[str] | None, inductor: bool
+    joint: fx.GraphModule, target: int, num_fwd_outputs: int, keep: frozenset[str] | None, inductor: bool | str
 ) -> tuple[Plan, fx.GraphModule, PeakModel] | None:
     """The paging planner's plan (paging.py), its emitted graph and that graph's exact peak, when the
     peak is within `target`; None otherwise."""
@@ -332,7 +332,7 @@ def _paging_floor(
     feasible: int,
     num_fwd_outputs: int,
     keep: frozenset[str] | None,
-    inductor: bool,
+    inductor: bool | str,
 ) -> tuple[int, tuple[Plan, fx.GraphModule, PeakModel] | None]:
     """Bisect (to 1%) for the lowest peak the paging planner reaches below `feasible` (a peak the search
     reached): returns that peak and its plan (None if paging never beat the search). The replay is not
@@ -479,7 +479,8 @@ class DTRPartitioner(_PartitionerBase):
                 return min_cut[0], min_cut[1]
             forward, backward = split_joint(report.fusion.graph, num_fwd_outputs=num_fwd_outputs)
             if codegen == "inductor" and report.memory_model in ("exact", FUSED_RECOMPUTE):
-                # The exact model counts every value where the plan computes it; Inductor must compute it there.
+                # The exact and fused-recompute models count every value the forward or the backward's own ops
+                # make where the plan computes it; Inductor must compute it there.
                 # (The FX graph cache cannot confuse these graphs with unpinned ones: its key holds our __reduce__.)
                 for part in (forward, backward):
                     pin_values_before_recomputes(part)

@@ -40,7 +40,7 @@ class PeakModel:
     saved_bytes: int  # bytes the forward leaves alive for the backward (saved values and outputs)
 
 
-def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool = False) -> PeakModel:
+def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool | str = False) -> PeakModel:
     """Peak of a joint graph whose nodes carry `partitioner_tag` is_forward / is_backward.
 
     `inductor`: model the graphs as Inductor compiles them, with the pointwise ops it inlines into

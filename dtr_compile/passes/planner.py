@@ -108,7 +108,7 @@ class _State:
 
 
 class _Search:
-    def __init__(self, facts: JointFacts, initial: frozenset[fx.Node], inductor: bool) -> None:
+    def __init__(self, facts: JointFacts, initial: frozenset[fx.Node], inductor: bool | str) -> None:
         self.facts = facts
         self.inductor = inductor
         self.position = facts.position
@@ -397,7 +397,7 @@ def plan_schedule(
     *,
     num_fwd_outputs: int,
     keep: frozenset[str] | None = None,
-    inductor: bool = False,
+    inductor: bool | str = False,
 ) -> Plan:
     """Plan the joint graph `gm` under `budget_bytes` (None: no limit).
 
@@ -433,7 +433,7 @@ def _plan(
     budget_bytes: int | None,
     num_fwd_outputs: int,
     keep: frozenset[str] | None,
-    inductor: bool,
+    inductor: bool | str,
     start: float,
 ) -> Plan:
     facts = JointFacts(gm, num_fwd_outputs)

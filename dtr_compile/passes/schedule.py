@@ -265,7 +265,7 @@ class Simulation:
 
 
 def storage_keys(
-    facts: JointFacts, trace: Trace, *, inductor: bool = False
+    facts: JointFacts, trace: Trace, *, inductor: bool | str = False
 ) -> tuple[list, dict[fx.Node, Version], InlineDecider | None]:
     """For every op of the trace: (its own storages, the storages of each of its inputs, the storages
     its value occupies), versioned; the version of every node at the end of the trace; and, with
@@ -412,7 +412,7 @@ class _OverLimit(Exception):
     """Raised inside `simulate` at the first op above its limit, to stop the replay there."""
 
 
-def simulate(facts: JointFacts, trace: Trace, *, inductor: bool = False, limit: int | None = None) -> Simulation:
+def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, limit: int | None = None) -> Simulation:
     """Bytes live at every op of `trace` (inputs and outputs of the running op, plus its workspace).
 
     `limit`: stop at the first op whose memory is above it (the result is then not `complete`): enough to reject

@@ -88,7 +88,7 @@ def measure_region(compiled: Callable[..., Any], example_inputs: Sequence[Any]) 
             # The outputs' gradients are made by the autograd engine (each sum's backward), as a loss's backward
             # makes them in a training step, and handed to the region's backward, which frees them after their
             # last use. Gradients passed in here (`backward(outputs, [ones_like(o), ...])`) would be held by this
-            # frame through the whole backward: 8 MB of logits' gradient on the CPU stand-in GPT-2.
+            # frame through the whole backward (on the CPU stand-in GPT-2 that is the logits' gradient, 8 MB).
             torch.autograd.backward([o.sum() for o in outputs])
 
     def clear_grads() -> None:  # before, not inside, the measured step: its gradients are allocated anew
