@@ -370,7 +370,10 @@ class ImplicitSteps:
         self.here.finish()
 
     def on_backward_part(self, runtime: Runtime) -> None:
-        self.here.on_backward_part(runtime)
+        # The runtime's own thread's steps, not this thread's: on CUDA the autograd engine runs a backward on
+        # its device thread, whose ThreadSteps holds no scope (the step would never see its backward begin).
+        if runtime.on_backward is not None:
+            runtime.on_backward(runtime)
 
     def attach_to_calling_module(self) -> Any:
         """Find the compiled module whose forward is running (up the call stack) and make its later calls

@@ -39,6 +39,36 @@ def test_a_fraction_refers_to_each_models_own_peak() -> None:
     assert budgets["large"] > 2 * budgets["small"], budgets
 
 
+class _ScalarLoss(nn.Module):
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).sum()
+
+
+def test_a_backward_on_another_thread_ends_its_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the autograd engine runs a backward on its device thread, where this process's per-thread
+    steps hold no scope. The compiled backward part must still end the step it belongs to: otherwise a
+    fraction never calibrates (found on an H200: still calibrating after three steps). Simulated here on CPU:
+    while a backward runs, `STEPS.here` answers as another thread's steps would."""
+    torch._dynamo.reset()
+    elsewhere = type(STEPS.here)()  # a thread's steps with no scope, as the engine's device thread has
+    real_here = type(STEPS).here
+
+    def here(self):
+        return elsewhere if torch._C._current_graph_task_id() != -1 else real_here.fget(self)
+
+    monkeypatch.setattr(type(STEPS), "here", property(here))
+    model, x = _ScalarLoss(_mlp(64, 0)), torch.randn(128, 32)
+    with dtr_compile.config.patch(memory_budget=0.5, codegen="fx"):
+        compiled = torch.compile(model, backend="dtr")
+        for _ in range(2):  # compile, then calibrate
+            compiled(x).backward()  # the compiled backward part is the backward's first op
+    assert implicit_runtime().budget_bytes is not None, implicit_runtime().stats()
+
+
 def test_runtimes_do_not_nest() -> None:
     model = _mlp(32, 0)
     before = snapshot()
