@@ -2,7 +2,9 @@
 
 FLOPs come from PyTorch's formulas (`torch.utils.flop_counter`: matmul, conv, attention); every other op
 is memory-bound and costed by the bytes it reads and writes. The estimated time is a roofline,
-max(flops / peak flop rate, bytes / bandwidth) plus a fixed launch overhead. `mode="measure"` also
+max(flops / peak flop rate, bytes / bandwidth) plus a fixed launch overhead, at the rates of the device the
+node's values are on and of the dtype it computes in (roofline.rates_for: a GPU prices pointwise ops far
+below matmuls, a CPU much less so, and the planner's choice of what to recompute follows). `mode="measure"` also
 times each node on real tensors of its shapes; the timings are cached per (op, shapes), so a second
 compile of the same shapes does not pay again.
 """
@@ -18,7 +20,7 @@ from torch import fx
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
-from ..roofline import FUSED_OVERHEAD_S, at_hints, call_flops, estimate_seconds
+from ..roofline import at_hints, call_flops, compute_dtype, device_of, estimate_seconds
 from .meta import DTR_META_KEY, NodeCost, Phase
 from .storage import StorageMap, is_mutating, tensor_nbytes
 
@@ -225,7 +227,11 @@ def _cost_of(node: fx.Node, phase: Phase, storages: StorageMap, mode: CostMode, 
         estimated = 0.0  # views and getitem cost nothing: no kernel, no allocation
     elif is_call:
         # Inductor fuses such ops into their neighbours' loops: no launch overhead to speak of.
-        estimated = estimate_seconds(flops, moved, FUSED_OVERHEAD_S)
+        inputs = tree_flatten([a.meta.get("val") for a in node.all_input_nodes])[0]
+        outputs = tree_flatten(node.meta.get("val"))[0]
+        estimated = estimate_seconds(
+            flops, moved, device=device_of(inputs + outputs), dtype=compute_dtype(inputs), fused=True
+        )
     else:
         estimated = 0.0
     measured = _measure(node) if mode == "measure" and is_call and not alias else None
