@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import auto_budget, config
 from ..config import Budget
-from ..errors import BudgetError
+from ..errors import BudgetError, format_bytes
 from ..passes.costs import is_random
 from ..passes.meta import cost_of
 from ..passes.partition import DTRPartitioner, PlanReport
@@ -126,11 +126,26 @@ class Region:
         try:
             self._compiled = self._compile_with(budget, example_inputs)
         except BudgetError as error:
-            if key[0] != "step" or error.smallest_feasible_bytes is None:  # type: ignore[index]
+            floor = error.smallest_feasible_bytes
+            if key[0] != "step" or floor is None or budget is None:  # type: ignore[index]
                 raise
+            step_budget = key[1]  # type: ignore[index]
+            held = max(0, step_budget - budget)
+            if floor > step_budget:
+                # Not even a step holding nothing else could run this region: name the step's floor (the region's
+                # own, plus what the step holds when it begins), the budget at which the planner's plan runs.
+                # Running it op by op under the runtime instead ends in a larger, less honest number.
+                raise BudgetError(
+                    f"memory budget {format_bytes(step_budget)} ({step_budget} bytes) is below what this step "
+                    f"needs: its compiled region {self.name} alone needs {format_bytes(floor)}"
+                    + (f", and the step holds {format_bytes(held)} when it begins" if held else "")
+                    + f". Set dtr_compile.config.memory_budget to at least {floor + held} bytes.",
+                    budget_bytes=step_budget,
+                    smallest_feasible_bytes=floor + held,
+                ) from error
             # The room left in the step is too small for this region alone: plan it as tight as it goes,
             # and let the runtime evict what is live outside it.
-            self._compiled = self._compile_with(error.smallest_feasible_bytes, example_inputs)
+            self._compiled = self._compile_with(floor, example_inputs)
         self._key = key
 
     def _compile_with(self, budget: Budget, example_inputs: Sequence[Any]) -> Callable[..., Any]:

@@ -25,6 +25,7 @@ inputs and outputs of the running op live together, its workspace while it runs,
 gradients to the end of the step, tangents from the backward's start to their last use):
     forward op i:  fixed memory of the traced forward at i + sum of kept k whose forward life ended before i
     slot s of t:   fixed memory of the backward's own values and tangents + sum of alive k (+ workspace)
+    the boundary:  the forward outputs, the tangents and the loss's tail (storage.loss_tail_bytes) + sum of kept k
 each <= the budget. Objective: the sum of R[t, j] x the modelled time of j.
 
 This space contains every plan the planner can make (it saves, drops, recomputes before a backward op and
@@ -42,7 +43,7 @@ import numpy as np
 from torch import fx
 
 from .schedule import JointFacts
-from .storage import StorageKey
+from .storage import StorageKey, loss_tail_bytes
 
 __all__ = ["IlpSolution", "plan_peak", "solve_ilp"]
 
@@ -136,6 +137,10 @@ class _Model:
         for t, node in enumerate(self.backward):
             for k in facts.own[node]:
                 start[k], end[k] = t, T if k in forever else max(t, last_read.get(k, t))
+        tangent_keys = {k for tangent in facts.tangents for k in facts.keys[tangent]}
+        tangent_bytes = sum(nbytes[k] for k in tangent_keys)
+        # Between forward and backward: the outputs, the tangents and the eager code's tail (storage.py).
+        self.fixed_boundary = pinned_bytes + tangent_bytes + loss_tail_bytes(facts.tangents, tangent_bytes)
         self.fixed_rc = [pinned_bytes] * T  # at the recompute slots of stage t
         self.fixed_b = [pinned_bytes] * T  # at backward op t
         for k, s in start.items():
@@ -159,6 +164,8 @@ class _Model:
         for i, fixed in enumerate(self.fixed_fwd):  # forward op i: kept keys whose forward life ended
             coefficients = {self.s(0, k): float(nbytes[k]) for k in range(self.K) if self.forward_end[self.keys[k]] < i}
             memory.append((coefficients, fixed))
+        # The boundary between forward and backward: every kept key, the outputs, tangents and the loss's tail.
+        memory.append(({self.s(0, k): float(nbytes[k]) for k in range(self.K)}, self.fixed_boundary))
         reads = [self.read_keys(n) for n in self.rc]
         for t in range(T):
             for k in range(self.K):

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import fx
 from torch._functorch.partitioners import _extract_fwd_bwd_modules
 from torch.fx.experimental.proxy_tensor import is_sym_node
@@ -31,6 +32,7 @@ from torch.fx.experimental.proxy_tensor import is_sym_node
 from .. import config
 from ..config import Budget
 from ..errors import BudgetError, format_bytes
+from ..roofline import tf32_enabled
 from . import plan_cache
 from .costs import CostMode, annotate_costs
 from .fuse_recompute import FusionReport, fuse_recomputes
@@ -398,9 +400,22 @@ def min_cut_partition(
 
 def _source_hash() -> str:
     digest = hashlib.sha256()
-    for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
+    package = pathlib.Path(__file__).parent.parent
+    # The passes and the cost model they plan with (roofline.py prices every op).
+    for path in [*sorted(pathlib.Path(__file__).parent.glob("*.py")), package / "roofline.py"]:
         digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def _device_key(gm: fx.GraphModule) -> str:
+    """What of the device a plan's costs depend on: a plan priced for one GPU model (or with TF32 on) is not
+    reused for another (roofline.rates_for measures each GPU)."""
+    for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+            index = value.device.index if value.device.index is not None else torch.cuda.current_device()
+            return f"cuda:{torch.cuda.get_device_name(index)}:tf32={tf32_enabled()}"
+    return "cpu"
 
 
 class DTRPartitioner(_PartitionerBase):
@@ -491,7 +506,7 @@ class DTRPartitioner(_PartitionerBase):
     def _plan(self, gm: fx.GraphModule, num_fwd_outputs: int, keep: frozenset[str] | None, codegen: str) -> PlanReport:
         """The plan of the region's first call from the plan cache when it holds one, else from the planner, with
         the model held to the calibrated fraction of the budget (see `model_scale_for`)."""
-        self.structure = plan_cache.graph_structure(gm, num_fwd_outputs)
+        self.structure = plan_cache.graph_structure(gm, num_fwd_outputs) + _device_key(gm)
         model = plan_model(self.memory_model, codegen)
         self.calibration_key = plan_cache.calibration_key(self.structure, (self.cost_mode, codegen, model))
         key = self.cache_key = self.key_for(self.budget)

@@ -5,6 +5,7 @@ last use (exactly what the FX code generator does):
 - graph inputs are free (live before the step); tangents are allocated when the backward starts;
 - forward values saved for the backward live until their last backward use;
 - forward outputs live to the end of the step (the user holds them), and so do gradients;
+- between forward and backward, the eager code there (a loss) holds more: storage.loss_tail_bytes;
 - while an op runs, its inputs, its outputs and its kernel's workspace are live together.
 For Inductor (`inductor=True`) the pointwise ops it inlines into their reader allocate nothing, and
 pointwise ops run where their first reader needs them (inlining.py); this is close to, not exactly,
@@ -22,7 +23,7 @@ from torch import fx
 from .inlining import FUSED_RECOMPUTE, InlineDecider, inductor_inlined, is_pointwise, is_view, sunk_order
 from .meta import DTR_META_KEY
 from .rewrite import RECOMPUTE_META_KEY
-from .storage import StorageKey, StorageMap
+from .storage import StorageKey, StorageMap, loss_tail_bytes
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,11 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool | 
 
     run(forward_ops, last_fwd, "forward", saved)
     saved_bytes = memory
+    tangent_bytes = 0
     for tangent in tangents:
         for key in storages.keys[tangent]:
+            if key not in live:
+                tangent_bytes += counted(key)
             live.add(key)
             memory += counted(key)
     # Saved values the backward never reads are dropped when the forward returns.
@@ -122,6 +126,9 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool | 
         if key not in forever and key not in last_bwd and key[0] not in tangents:
             live.discard(key)
             memory -= counted(key)
+    tail = memory + loss_tail_bytes(tangents, tangent_bytes)  # the eager code between forward and backward (storage.py)
+    if tail > peak:
+        peak, peak_node = tail, forward_ops[-1] if forward_ops else peak_node
     run(backward_ops, last_bwd, "backward", set())
     return PeakModel(peak, peak_node, tuple(timeline), saved_bytes)
 

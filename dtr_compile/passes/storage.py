@@ -9,6 +9,7 @@ Memory is counted per storage, as the allocator sees it: a view (`permute`, `vie
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,29 @@ class StorageInfo:
     key: StorageKey
     nbytes: int
     counted: bool  # False for graph inputs and their views
+
+
+# The code that runs between a region's forward and its backward (most often the loss, computed eagerly on the
+# region's outputs) is not in the graph, yet it runs while every saved value is live. A cross-entropy over logits
+# holds the logits' log-softmax, then its gradient, beside the tangent it makes. Every memory model (peak.py,
+# schedule.py's simulation, ilp.py) reserves that much at the forward/backward boundary: the outputs (held by
+# the user) and the tangents are counted already, and LOSS_TAIL_TANGENTS more tangents' bytes on top, plus the
+# loss's own scalars (its value, the gradient seed `backward()` makes: the CPU stand-in's step overran a budget of
+# exactly this model's floor by 8 bytes without them). Found on an H200 (GPT-2 124M shape, vocab 8192, loss
+# outside the compiled model): a plan held to 1311.7 MiB measured 1215.9 MiB for the region alone, and the step's
+# eager loss then needed 768 MiB more than the saved values.
+# A region with a scalar differentiable output computes its loss itself (a Hugging Face model given labels
+# returns the loss and the logits): nothing is reserved for it.
+LOSS_TAIL_TANGENTS = 1
+LOSS_TAIL_SCALAR_BYTES = 1024
+
+
+def loss_tail_bytes(tangents: Iterable[fx.Node], tangent_bytes: int) -> int:
+    """Bytes the eager code between forward and backward is assumed to hold above the outputs and `tangents`."""
+    values = [t.meta.get("val") for t in tangents]
+    if not tangent_bytes or any(isinstance(v, torch.Tensor) and v.numel() == 1 for v in values):
+        return 0
+    return LOSS_TAIL_TANGENTS * tangent_bytes + LOSS_TAIL_SCALAR_BYTES
 
 
 def rng_state_nbytes(node: fx.Node) -> int:

@@ -98,7 +98,8 @@ def test_trainer_with_defaults_holds_the_budget(tmp_path, arguments) -> None:
     assert losses and all(math.isfinite(loss) for loss in losses), losses
     stats = implicit_runtime().stats()
     assert stats.budget_bytes == budget and stats.steps > 0, f"the budgeted dtr path did not run: {stats}"
-    assert stats.evictions > 0, f"nothing was evicted at half the no-budget peak: {stats}"
+    # Half the no-budget peak, measured: the budget changed the step (the compiled plans recompute; since they reserve
+    # room for the loss run between the model's two regions, the runtime need not evict as well).
     assert max(peaks) <= budget, f"measured peaks {peaks} above the budget {budget} (no budget: {reference})"
     if "eval_strategy" in arguments:
         evals = [entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry]

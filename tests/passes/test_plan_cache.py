@@ -103,3 +103,24 @@ def test_under_inductor_the_second_compile_neither_plans_nor_measures(cache_dir)
     assert plan_cache.COUNTS["plans"] == plans and report.from_cache
     assert report.times.measures == 0 and report.times.compiles == 1
     assert report.measured_peak_bytes == first.reports[-1].measured_peak_bytes <= budget
+
+
+def test_a_plan_priced_for_one_gpu_is_not_reused_on_another(monkeypatch) -> None:
+    """Plans are priced with the device's measured rates (roofline.rates_for): the cache key names the GPU model
+    and the TF32 setting, so a plan made on one GPU, or with TF32 off, is a miss on another or with it on."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dtr_compile.passes.partition import _device_key
+
+    graph = torch.fx.Graph()
+    node = graph.placeholder("x")
+    graph.output(node)
+    gm = torch.fx.GraphModule(nn.Module(), graph)
+    assert _device_key(gm) == "cpu"  # no tensor value: nothing device-specific
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        node.meta["val"] = torch.empty(4, device="cuda")
+    names = iter(["NVIDIA H100", "NVIDIA H200"])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: next(names))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    on_h100, on_h200 = _device_key(gm), _device_key(gm)
+    assert on_h100 != on_h200 and "H100" in on_h100 and "tf32=" in on_h100
