@@ -50,14 +50,15 @@ EAGER_BUDGETS = (0.5, 0.3)
 # The CSV's columns. Ratios are against torch.compile's row of the same model and dtype.
 #   budget: fraction of torch.compile's measured peak (DTR methods; given to them as budget_bytes) or the
 #     knob's own value (amb_inductor; budget_bytes empty); empty for budget-free methods and "no budget"
-#   floor_bytes: the smallest feasible budget a BudgetError named (status "infeasible")
+#   floor_bytes: the smallest feasible budget a BudgetError named (status "infeasible"); the frontier then runs
+#     that method once more at the named floor (at_named_floor: True), to show that the floor it names runs
 #   measured_over_budget: peak_bytes / budget_bytes; first_call_s: wall time of the first step (compiles)
 #   grads_equal: loss and gradients equal to torch.compile's (fp32 rounding; bf16 rounding under autocast)
 COLUMNS = (
     "model", "dtype", "size", "description", "method", "label", "budget", "budget_bytes", "status", "reason",
     "floor_bytes", "peak_bytes", "peak_ratio", "step_s", "time_ratio", "clock", "first_call_s",
     "measured_over_budget", "grads_equal", "grad_err", "loss_err", "device", "device_name", "torch_version",
-    "threads", "warmup", "steps",
+    "threads", "warmup", "steps", "at_named_floor",
 )  # fmt: skip
 
 
@@ -119,7 +120,7 @@ def parse(argv: Sequence[str] | None = None) -> tuple[Grid, argparse.Namespace]:
     grid = Grid(
         models=keys, methods=methods, budgets=(), size=SIZES[size], device=args.device, threads=args.threads,
         warmup=args.warmup, steps=args.steps, timeout_s=args.timeout, jobs=args.jobs, clock=clock,
-        fresh_cache=args.fresh_cache, baseline=BASELINE,
+        fresh_cache=args.fresh_cache, baseline=BASELINE, retry_at_floor=("dtr_inductor", "dtr_eager"),
         only_budgets={
             "amb_inductor": sorted(set(args.knob), reverse=True),
             "dtr_inductor": [None, *down],  # None: backend="dtr" with no budget
@@ -167,7 +168,8 @@ def _budget_text(r: dict[str, Any]) -> str:
         return f"knob {r['budget']:g}"
     if r["budget"] is None:
         return "no budget" if r["method"] in ("dtr_inductor", "dtr_eager") else "—"
-    return f"{r['budget']:g} ({r['budget_bytes'] / 2**20:.1f} MiB)" if r.get("budget_bytes") else f"{r['budget']:g}"
+    text = f"{r['budget']:.3g} ({r['budget_bytes'] / 2**20:.1f} MiB)" if r.get("budget_bytes") else f"{r['budget']:g}"
+    return text + (", the named floor" if r.get("at_named_floor") in (True, "True") else "")
 
 
 _HEADER = "| method | budget | peak ÷ compile | time ÷ compile | peak MiB | first call s | peak ÷ budget | grads equal | status |"

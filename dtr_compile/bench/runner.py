@@ -6,6 +6,7 @@ fails, the model's other runs become rows with status "error" and that reason, a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -47,6 +48,7 @@ class _Scheduler:
         self.running: list[_Child] = []
         self.rows: dict[int, Row] = {}
         self.baselines: dict[str, Row] = {}  # model -> its baseline's row
+        self.floors: dict[int, int] = {}  # plan index of a rerun at a named floor -> that floor in bytes
 
     def run(self) -> list[Row]:
         try:
@@ -74,6 +76,8 @@ class _Scheduler:
             if method != self.grid.baseline and baseline is None:
                 continue  # waits for its model's baseline
             spec = _spec(self.grid, model, method, budget, baseline, str(self.workdir / f"reference-{model}.pt"))
+            if index in self.floors:  # the floor's exact bytes: budget x peak could round below it
+                spec = dataclasses.replace(spec, budget_bytes=self.floors[index])
             if baseline is not None and baseline["status"] != "ok":
                 self.pending.remove(index)
                 failed = {"status": "error", "reason": f"baseline failed: {baseline.get('reason')}"}
@@ -89,12 +93,37 @@ class _Scheduler:
         model, method, _ = self.plan[index]
         if method == self.grid.baseline:
             self.baselines[model] = row
+        if index in self.floors:
+            row["at_named_floor"] = True
+        self._retry_at_floor(index, row)
         _add_ratios(row, self.baselines.get(model), self.grid.clock)
         self.rows[index] = row
         width = len(str(len(self.plan)))
         self.progress(f"[{len(self.rows):>{width}}/{len(self.plan)}] {_key(*self.plan[index])}  {_summary(row)}\n")
         if self.on_row is not None:
             self.on_row([self.rows[i] for i in sorted(self.rows)])
+
+    def _retry_at_floor(self, index: int, row: Row) -> None:
+        """Plan one more run at the floor an infeasible run named (once per model and method, the highest floor:
+        every budget below it names the same one), right after that model's other runs."""
+        model, method, _ = self.plan[index]
+        floor, baseline = row.get("floor_bytes"), self.baselines.get(model)
+        if method not in self.grid.retry_at_floor or row.get("status") != "infeasible" or not floor:
+            return
+        if index in self.floors or baseline is None or not baseline.get("peak_bytes"):
+            return  # a rerun at a floor that still fails is reported, not retried again
+        if any(self.plan[i][:2] == (model, method) and f >= floor for i, f in self.floors.items()):
+            return
+        last = max(i for i, (m, _, _) in enumerate(self.plan) if m == model)
+        self.plan.insert(last + 1, (model, method, floor / baseline["peak_bytes"]))
+        shift = {i: i + 1 if i > last else i for i in range(len(self.plan))}
+        self.pending = [shift[i] for i in self.pending] + [last + 1]
+        self.pending.sort()
+        for child in self.running:
+            child.index = shift[child.index]
+        self.rows = {shift[i]: r for i, r in self.rows.items()}
+        self.floors = {shift[i]: f for i, f in self.floors.items()}
+        self.floors[last + 1] = int(floor)
 
 
 def _key(model: str, method: str, budget: float | None) -> str:

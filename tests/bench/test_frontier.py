@@ -155,3 +155,39 @@ def test_frontier_command_end_to_end(tmp_path):
     else:
         assert runtime["status"] == "infeasible" and int(runtime["floor_bytes"]) > int(runtime["budget_bytes"])
     assert (tmp_path / "frontier.png").exists()
+
+
+def test_an_infeasible_budget_is_run_again_at_the_floor_it_named(tmp_path, monkeypatch):
+    """Issue 17: "a budget below the floor names the floor, and that named floor runs". The scheduler plans one more
+    run of the method at the exact bytes the BudgetError named, after that model's runs (children stubbed)."""
+    from dtr_compile.bench import runner
+
+    started: list[RunSpec] = []
+
+    class FakeChild:
+        def __init__(self, index, spec, timeout_s, cache_dir=None):
+            self.index, self.spec, self.start = index, spec, 0.0
+            started.append(spec)
+
+        def poll(self):
+            spec = self.spec
+            if spec.budget_bytes is not None and spec.budget_bytes < 400:
+                return runner._row(spec, {"status": "infeasible", "reason": "BudgetError", "floor_bytes": 400})
+            result = {"status": "ok", "peak_bytes": spec.budget_bytes or 1000, "step_s": 1.0, "step_cpu_s": 1.0}
+            return runner._row(spec, result)
+
+        def kill(self):
+            pass
+
+    monkeypatch.setattr(runner, "_Child", FakeChild)
+    grid, _ = frontier.parse(["--models", "gpt2", "llama", "--dtypes", "fp32", "--methods", "dtr_inductor",
+                              "--dtr-budgets", "0.5", "0.3", "0.1", "--size", "tiny"])  # fmt: skip
+    rows = runner.run_grid(grid, tmp_path, progress=lambda text: None)
+    by_model = {m: [(r["budget_bytes"], r["status"], r.get("at_named_floor")) for r in rows if r["model"] == m]
+                for m in ("gpt2", "llama")}  # fmt: skip
+    for model, runs in by_model.items():
+        # compile, no budget, 500 ok, 300 and 100 infeasible (one floor: one rerun), then the floor: ok
+        assert runs[-1] == (400, "ok", True), (model, runs)
+        assert [b for b, status, _ in runs if status == "infeasible"] == [300, 100], (model, runs)
+    assert sum(1 for spec in started if spec.budget_bytes == 400) == 2  # once per model
+    assert "the named floor" in frontier.markdown_table(frontier.frontier_rows(rows))
