@@ -49,7 +49,7 @@ class Grid:
     # The method every ratio, byte budget and gradient comparison refers to (the frontier uses "compile").
     baseline: str = BASELINE
     # Methods whose budget-infeasible runs are run once more at the floor their BudgetError named (the frontier:
-    # "a budget below the floor names the floor, and that named floor runs"); each such run follows its model's.
+    # "a budget below the floor names the floor, and that named floor runs"); such runs follow the planned ones.
     retry_at_floor: Sequence[str] = ()
 
     def runs_for(self, model: str) -> list[tuple[str, float | None]]:

@@ -105,7 +105,7 @@ class _Scheduler:
 
     def _retry_at_floor(self, index: int, row: Row) -> None:
         """Plan one more run at the floor an infeasible run named (once per model and method, the highest floor:
-        every budget below it names the same one), right after that model's other runs."""
+        every budget below it names the same one), after the planned runs (tables group rows by model)."""
         model, method, _ = self.plan[index]
         floor, baseline = row.get("floor_bytes"), self.baselines.get(model)
         if method not in self.grid.retry_at_floor or row.get("status") != "infeasible" or not floor:
@@ -114,16 +114,9 @@ class _Scheduler:
             return  # a rerun at a floor that still fails is reported, not retried again
         if any(self.plan[i][:2] == (model, method) and f >= floor for i, f in self.floors.items()):
             return
-        last = max(i for i, (m, _, _) in enumerate(self.plan) if m == model)
-        self.plan.insert(last + 1, (model, method, floor / baseline["peak_bytes"]))
-        shift = {i: i + 1 if i > last else i for i in range(len(self.plan))}
-        self.pending = [shift[i] for i in self.pending] + [last + 1]
-        self.pending.sort()
-        for child in self.running:
-            child.index = shift[child.index]
-        self.rows = {shift[i]: r for i, r in self.rows.items()}
-        self.floors = {shift[i]: f for i, f in self.floors.items()}
-        self.floors[last + 1] = int(floor)
+        self.plan.append((model, method, floor / baseline["peak_bytes"]))
+        self.pending.append(len(self.plan) - 1)
+        self.floors[len(self.plan) - 1] = int(floor)
 
 
 def _key(model: str, method: str, budget: float | None) -> str:

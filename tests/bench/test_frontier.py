@@ -159,7 +159,7 @@ def test_frontier_command_end_to_end(tmp_path):
 
 def test_an_infeasible_budget_is_run_again_at_the_floor_it_named(tmp_path, monkeypatch):
     """Issue 17: "a budget below the floor names the floor, and that named floor runs". The scheduler plans one more
-    run of the method at the exact bytes the BudgetError named, after that model's runs (children stubbed)."""
+    run of the method at the exact bytes the BudgetError named, after the planned runs (children stubbed)."""
     from dtr_compile.bench import runner
 
     started: list[RunSpec] = []
