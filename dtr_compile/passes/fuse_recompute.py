@@ -4,12 +4,14 @@
     forward, backward = split_joint(fusion.graph, num_fwd_outputs=n)
 
 `emit_plan` places each recompute right before its first backward use, so recomputes come in *bursts*
-of consecutive nodes. Inside a burst, supported ops (pointwise, row reductions, dropout, order-keeping
-views) are grown greedily into regions, in graph order: a node joins the regions its inputs come
-from when the merged region is still one kernel (one iteration space) and nothing outside the
-region reads a member before the node; otherwise a compute node starts a region of its own. Each
-region becomes one node calling its kernel, placed where its last member was, whose outputs are
-only the members read outside the region (views of one value share one output, re-viewed by aten).
+of consecutive nodes. A recomputed multi-output node's getitems are first moved up to it (a dropout's mask or
+a layer norm's statistics, read further on by their backward, would otherwise keep it out of every region).
+Inside a burst, supported ops (pointwise, row reductions, dropout, order-keeping views) are grown greedily
+into regions, in graph order: a node joins the regions its inputs come from when the merged region is still
+one kernel (one iteration space) and nothing outside the region reads a member before the node; otherwise a
+compute node starts a region of its own. Each region becomes one node calling its kernel, placed where its
+last member was, whose outputs are only the members read outside the region (views of one value share one
+output, re-viewed by aten).
 Matmuls and other unsupported recomputes stay as they are, between regions.
 
 Before that, every dropout of the graph switches to the counter-based RNG of `kernels.rng` (forward:
@@ -366,10 +368,35 @@ def _group_burst(burst: list[fx.Node]) -> tuple[list[list[fx.Node]], list[tuple[
     return [r for r in regions if r is not None], unfused
 
 
+def _gather_getitems(graph: fx.Graph) -> None:
+    """In place (on the pass's own copy): the getitems of each recomputed multi-output node right after it.
+
+    `emit_plan` places every recompute before its first use, getitems included, so a recomputed dropout whose output
+    a matmul reads has its mask read by the dropout's backward several ops later, in a burst of its own; so do a
+    recomputed layer norm's mean and rstd. Its unit then reads outside its burst and could join no region (a plan
+    that recomputed only attention dropouts fused none). A getitem computes and allocates nothing (its node made
+    every output), so moving it up to its node changes no value's lifetime, and the node can join its burst's region,
+    which then writes what the later readers need."""
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or RECOMPUTE_META_KEY not in node.meta:
+            continue
+        if not isinstance(node.meta.get("val"), (tuple, list)):
+            continue
+        items = list(node.users)
+        if not items or not all(u.target is operator.getitem and RECOMPUTE_META_KEY in u.meta for u in items):
+            continue
+        anchor = node
+        for item in sorted(items, key=order.__getitem__):
+            anchor.append(item)
+            anchor = item
+
+
 def _fuse_bursts(graph: fx.Graph) -> tuple[list[FusedRegion], list[tuple[str, str]]]:
     """In place (on the pass's own copy): every region of every burst becomes one kernel call."""
     fused: list[FusedRegion] = []
     unfused: list[tuple[str, str]] = []
+    _gather_getitems(graph)
     for burst in _bursts(graph):
         regions, left = _group_burst(burst)
         unfused += left

@@ -1,0 +1,107 @@
+"""The plan `backend="dtr"` makes for a CUDA graph, made on CPU: the GPU test's GPT-2-style stack with dropout 0.2
+at budget 0.5 (tests/gpu/test_gpu_kernels.py), its values fake CUDA tensors, priced at H200-like rates.
+
+On an H200 that plan recomputed two attention dropouts and fused neither into a kernel: emit_plan put each one's
+mask getitem before the dropout's backward, several ops after the burst that recomputed its output for a matmul,
+so the dropout's unit read outside its burst and joined no region. Only the kernels' *plan* is checked here
+(Triton runs on CPU only through its interpreter); tests/gpu runs the kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_harness import gpt2_blocks
+from torch import fx
+
+from dtr_compile import config, roofline
+from dtr_compile.passes.partition import DTRPartitioner
+from dtr_compile.passes.rewrite import RECOMPUTE_META_KEY
+
+# About what an H200 measured (torch 2.11: 51 TFLOP/s fp32, 431 TF32, 860 bf16, 3.6-3.9 TB/s).
+H200_LIKE = roofline.DeviceRates(
+    fp32_flops_per_s=5.1e13,
+    tf32_flops_per_s=4.3e14,
+    half_flops_per_s=8.6e14,
+    bytes_per_s=3.7e12,
+    overhead_s=roofline.CUDA_OVERHEAD_S,
+    fused_overhead_s=roofline.CUDA_FUSED_OVERHEAD_S,
+)
+
+
+def _joint(model: torch.nn.Module, x: torch.Tensor) -> tuple[fx.GraphModule, list, int, dict]:
+    """The joint graph AOTAutograd hands `backend="dtr"`'s partitioner (FX code generator), and its arguments."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import default_partition
+
+    captured = {}
+
+    def partition(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        captured.update(joint=joint, inputs=list(joint_inputs), n=num_fwd_outputs, kwargs=kwargs)
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: gm, partition_fn=partition, keep_inference_input_mutations=True)
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(x)
+    return captured["joint"], captured["inputs"], captured["n"], captured["kwargs"]
+
+
+def _on_fake_cuda(value, mode):
+    """`value` (a fake CPU tensor, or a tuple of them) as fake tensors of the same layout on cuda:0."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(value, torch.Tensor):
+        meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        return FakeTensor(mode, meta, torch.device("cuda", 0))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_on_fake_cuda(v, mode) for v in value)
+    return value
+
+
+@pytest.fixture
+def cuda_without_a_gpu(monkeypatch):
+    """What planning a CUDA graph asks of the device, answered without one: the rates (H200-like, as if measured),
+    the GPU's name (plan cache keys) and the size of its generator's state (16 bytes: Philox seed and offset)."""
+    monkeypatch.setattr(roofline, "_cuda_rates", {0: H200_LIKE})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200 (stand-in)")
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.zeros(16, dtype=torch.uint8))
+
+
+def _plan_for_cuda(budget: float):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model, x = gpt2_blocks(dropout=0.2)
+    joint, inputs, num_fwd_outputs, kwargs = _joint(model, x)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    for node in joint.graph.nodes:
+        if "val" in node.meta:
+            node.meta["val"] = _on_fake_cuda(node.meta["val"], mode)
+    partitioner = DTRPartitioner(budget, codegen="fx")
+    with config.patch(codegen="fx", recompute_kernels="auto", plan_cache=False), mode:
+        partitioner(joint, [_on_fake_cuda(v, mode) for v in inputs], num_fwd_outputs=num_fwd_outputs, **kwargs)
+    return partitioner.reports[-1]
+
+
+@pytest.mark.parametrize("rates", ["h200", "cpu"])
+def test_cuda_plan_at_half_recomputes_every_dropout_it_drops_inside_kernels(cuda_without_a_gpu, monkeypatch, rates):
+    """Priced at H200-like rates, and at CPU rates ("cpu") as the H200 run that found the bug priced it (then no
+    dropout was fused at all)."""
+    if rates == "cpu":
+        monkeypatch.setattr(roofline, "_cuda_rates", {0: roofline.CPU_RATES})
+    report = _plan_for_cuda(0.5)
+    fusion = report.fusion
+    assert fusion.enabled and "CUDA" in fusion.reason, fusion.reason
+    assert report.planned_peak.peak_bytes <= report.budget_bytes < report.no_remat.peak_bytes
+    assert fusion.dropouts == 6 and fusion.peak.peak_bytes <= report.budget_bytes
+
+    in_kernels = [m for region in fusion.regions for m in region.members if m.startswith("dropout_kernel")]
+    left = [(name, why) for name, why in fusion.unfused if name.startswith("dropout_kernel")]
+    assert in_kernels and not left, left
+    # Every dropout the plan recomputes runs inside a kernel; so does every recomputed layer norm (its mean and rstd,
+    # like a dropout's mask, read by its backward further on): only ops without a lowering are left as they are.
+    recomputed = {n.name for n in fusion.graph.graph.nodes if RECOMPUTE_META_KEY in n.meta}
+    assert not [n for n in recomputed if n.startswith(("dropout_kernel", "native_layer_norm"))], recomputed
+    assert all(why.startswith("no kernel lowering") for _, why in fusion.unfused), fusion.unfused
+    # The attention dropouts' masks are read by their backwards, outside the region that recomputed them: written.
+    attention = [r for r in fusion.regions if any(m.startswith("_softmax") for m in r.members)]
+    assert attention and all(any(m.startswith("dropout_kernel") for m in r.members) for r in attention)
