@@ -31,7 +31,6 @@ from .values import TensorValue, storage_key
 
 if TYPE_CHECKING:
     from ..engine import Storage
-    from .runtime import Runtime
 
 _ADD = torch.ops.aten.add.Tensor
 
@@ -87,9 +86,10 @@ def calibrate() -> None:
     _unique_counts = unique[0] if ok else False
 
 
-def accumulation_target(rt: Runtime, func: Any, args: tuple, kwargs: dict, leaves: list[Any]) -> Storage | None:
-    """The storage version of `args[0]` if this call is a backward's sum that can run in place into it."""
-    if func is not _ADD or not _unique_counts or rt.recorder is not None or kwargs.keys() - {"alpha"}:
+def accumulation_target(func: Any, args: tuple, kwargs: dict, leaves: list[Any], *, recording: bool) -> Storage | None:
+    """The storage version of `args[0]` if this call is a backward's sum that can run in place into it.
+    `recording`: the runtime records an operation log (a logged step keeps the out-of-place sum)."""
+    if func is not _ADD or not _unique_counts or recording or kwargs.keys() - {"alpha"}:
         return None
     if not compat.uses_storage_swap():  # a release without the swap, or a test of the in-place refill path
         return None

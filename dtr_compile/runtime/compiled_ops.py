@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -27,14 +27,12 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ..compat import uses_storage_swap
 from ..engine import Storage
 from ..errors import BudgetError
+from .interface import RuntimeInterface
 from .operations import Inputs, record_outputs
 from .recipe import OutputSource, Recipe, RngState
 from .rng_memory import hold_rng_state, rng_workspace_bytes
 from .slices import OutputSlice
 from .values import Buffer, TensorValue, buffer, storage_key
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -81,8 +79,9 @@ class CompiledPart:
         random: bool = False,
         mutated_inputs: Sequence[int] = (),
         slices: Sequence[OutputSlice | None] | None = None,
-        on_call: Callable[[Runtime], None] | None = None,
+        on_call: Callable[[RuntimeInterface], None] | None = None,
         op_by_op: Callable[[list[Any]], Any] | None = None,
+        tail_of: tuple[str, str] | None = None,
     ) -> None:
         """`estimated_s`: the plan's modelled time of the part (its cost to the engine unless costs are
         measured); `random`: it draws random numbers (its RNG state is replayed by a recompute);
@@ -90,7 +89,8 @@ class CompiledPart:
         it alone (slices.py; None: only by rerunning the part); `on_call`: told the runtime whenever the part
         runs inside a step (the backward part ends an implicit step through it); `op_by_op`: the part's FX
         code (boxed), to run with every aten op an operation of the runtime when the part does not fit the
-        budget as one operation (see `run_part`)."""
+        budget as one operation (see `run_part`); `tail_of`: (region, "forward" or "backward"): the part's
+        return (a forward) or call (a backward) bounds its region's tail, which the runtime measures (tails.py)."""
         if not getattr(inner, "_boxed_call", False):
             from torch._functorch.aot_autograd import make_boxed_func
 
@@ -107,6 +107,7 @@ class CompiledPart:
         self.slices = list(slices) if slices is not None else None
         self.on_call = on_call
         self.op_by_op = op_by_op
+        self.tail_of = tail_of
         self._measured_s = float("inf")
 
     def __call__(self, *call_args: Any) -> Any:
@@ -118,24 +119,33 @@ class CompiledPart:
             return self.inner(args)
         if not runtime.in_backward and torch._C._current_graph_task_id() != -1:
             runtime.backward_began()
+        tail_of = self.tail_of
+        if tail_of is not None and tail_of[1] == "backward":
+            runtime.tails.backward_begins(tail_of[0])
         if self.on_call is not None:
             self.on_call(runtime)
         try:
-            try:
-                return run_part(runtime, self, args)
-            except PartDoesNotFit:
-                pass
-            # Outside the handler, whose exception holds run_part's frame and so the inputs this code frees as it
-            # goes. Where the runtime's dispatch mode sees the aten ops, each is an operation of the step; where
-            # it does not (the first step's backward: implicit.py), the part runs unmanaged like the code around it.
-            runtime.executor.parts_op_by_op += 1
-            if not _mode_sees_ops():
-                return self.inner(args)
-            assert self.op_by_op is not None
-            return self.op_by_op(args)
+            results = self._run(runtime, args)
         except BaseException:
             runtime.failed = True
             raise
+        if tail_of is not None and tail_of[1] == "forward":
+            runtime.tails.forward_returned(tail_of[0])
+        return results
+
+    def _run(self, runtime: RuntimeInterface, args: list[Any]) -> Any:
+        try:
+            return run_part(runtime, self, args)
+        except PartDoesNotFit:
+            pass
+        # Outside the handler, whose exception holds run_part's frame and so the inputs this code frees as it
+        # goes. Where the runtime's dispatch mode sees the aten ops, each is an operation of the step; where
+        # it does not (the first step's backward: implicit.py), the part runs unmanaged like the code around it.
+        runtime.executor.parts_op_by_op += 1
+        if not _mode_sees_ops():
+            return self.inner(args)
+        assert self.op_by_op is not None
+        return self.op_by_op(args)
 
     def cost(self, seconds: float, measure: bool) -> float:
         self._measured_s = min(self._measured_s, seconds)
@@ -198,7 +208,7 @@ class PartRecipe(Recipe):
         return list(self.part.inner(flat))
 
 
-def active_runtime() -> Runtime | None:
+def active_runtime() -> RuntimeInterface | None:
     """The runtime whose dispatch mode is on this thread's mode stack (the autograd engine's threads
     inherit the stack of the thread that called backward), or None."""
     from .dispatch import DTRMode
@@ -214,7 +224,7 @@ class PartDoesNotFit(Exception):
     """The part cannot run as one operation within the budget, and it can run op by op instead."""
 
 
-def run_part(rt: Runtime, part: CompiledPart, args: list[Any]) -> list[Any]:
+def run_part(rt: RuntimeInterface, part: CompiledPart, args: list[Any]) -> list[Any]:
     """Run `part` on the boxed `args` as one operation of the step. The part empties the list as it goes
     (a backward frees each saved activation after its last use); nothing here keeps the inputs alive.
 
@@ -277,7 +287,7 @@ def _mode_sees_ops() -> bool:
 
 
 def record_by_slices(
-    rt: Runtime, part: CompiledPart, inputs: Inputs, results: list[Any], cost: float, workspace: int,
+    rt: RuntimeInterface, part: CompiledPart, inputs: Inputs, results: list[Any], cost: float, workspace: int,
     rng: RngState | None,
 ) -> None:
     """Register a forward's outputs as one operation each, recomputed by its slice; outputs without a slice

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch._C import DispatchKey
@@ -23,19 +23,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..roofline import estimate_call
 from .accumulate import accumulation_target, add_in_place, calibrate
 from .calls import flatten_call, flatten_result, op_info, written_leaves
+from .interface import RuntimeInterface
 from .operations import Inputs, record_outputs
 from .recipe import Recipe, RngState
 from .rng_memory import hold_rng_state
 from .workspace import workspace_bytes
 
-if TYPE_CHECKING:
-    from .runtime import Runtime
-
 
 class DTRMode(TorchDispatchMode):
     """Interposes on every aten call while a Runtime is active."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: RuntimeInterface) -> None:
         super().__init__()
         self.runtime = runtime
         calibrate()  # once a process, at a step's start: backward sums in place (accumulate.py)
@@ -99,7 +97,7 @@ for _hop in (rng_prims.run_and_save_rng_state, rng_prims.run_with_rng_state):
 _ALIAS_OPS = frozenset({torch.ops.aten.detach.default, torch.ops.aten.alias.default})
 
 
-def _alias(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+def _alias(rt: RuntimeInterface, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     result = func(*args, **kwargs)
     storage = rt.index.lookup(args[0])
     if storage is not None and storage.producer is not None:  # aliases of outside tensors stay outside
@@ -107,7 +105,7 @@ def _alias(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict) 
     return result
 
 
-def run_call(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+def run_call(rt: RuntimeInterface, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     engine = rt.engine
     info = op_info(func)
     flat, spec = flatten_call(args, kwargs)
@@ -124,7 +122,7 @@ def run_call(rt: Runtime, func: torch._ops.OpOverload, args: tuple, kwargs: dict
         workspace = facts.workspace = workspace_bytes(func, args, fresh_expected or 0, _device_of_call(flat))
     storages = inputs.storages
     # A backward's sum of two gradients into the first one's bytes, as autograd does without a mode: no new room.
-    summed_into = accumulation_target(rt, func, args, kwargs, inputs.leaves)
+    summed_into = accumulation_target(func, args, kwargs, inputs.leaves, recording=rt.recorder is not None)
     engine.reserve(storages, (0 if summed_into is not None else fresh_expected or 0) + workspace, name)
     try:
         rng = RngState.capture(_device_of_call(flat), _generator_of(flat)) if info.random else None

@@ -12,18 +12,16 @@ Shared by the two kinds of operations of a step: aten calls (dispatch.py) and co
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..compat import uses_storage_swap
 from ..engine import Storage
+from .interface import RuntimeInterface
 from .recipe import OutputSource
 from .refill import copy_refill_bytes
 from .values import Buffer, Layout, TensorValue, buffer, storage_key
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
 
 
 class Inputs:
@@ -31,7 +29,7 @@ class Inputs:
 
     __slots__ = ("keys", "leaves", "storages")
 
-    def __init__(self, rt: Runtime, flat: Sequence[Any]) -> None:
+    def __init__(self, rt: RuntimeInterface, flat: Sequence[Any]) -> None:
         leaves: list[Any] = list(flat)  # a TensorValue per tensor argument, the argument itself otherwise
         keys: dict[int, Storage] = {}  # torch storage key -> engine storage of an argument
         inputs: dict[int, Storage] = {}  # id -> engine storage, in first-seen order
@@ -52,7 +50,9 @@ class Inputs:
         self.keys = keys
         self.storages = list(inputs.values())
 
-    def before_writes(self, rt: Runtime, flat: Sequence[Any], written: Sequence[int], fresh_outputs: bool) -> None:
+    def before_writes(
+        self, rt: RuntimeInterface, flat: Sequence[Any], written: Sequence[int], fresh_outputs: bool
+    ) -> None:
         """Outside tensors the op writes in place (BatchNorm's running statistics): a recompute of an op that
         read the old value reads a snapshot (the old record), this run writes the live tensor (a new record)."""
         for i in written:
@@ -62,7 +62,7 @@ class Inputs:
 
 
 def record_outputs(
-    rt: Runtime,
+    rt: RuntimeInterface,
     name: str,
     flat: Sequence[Any],
     inputs: Inputs,

@@ -21,8 +21,8 @@ import torch
 
 if TYPE_CHECKING:
     from ..engine import Engine, Storage
+    from .interface import RuntimeInterface
     from .recipe import RngState
-    from .runtime import Runtime
 
 _CPU_STATE_BYTES: int | None = None
 
@@ -41,7 +41,7 @@ def rng_workspace_bytes(device: torch.device) -> int:
     return 2 * cpu_state_bytes() if device.type == "cpu" else 0
 
 
-def hold_rng_state(rt: Runtime, rng: RngState | None) -> None:
+def hold_rng_state(rt: RuntimeInterface, rng: RngState | None) -> None:
     """Count `rng`'s state tensor in the engine's memory until the tensor dies (the op's recipe with it)."""
     if rng is None or rng.device.type != "cpu" or rng.state.device.type != "cpu":
         return

@@ -14,13 +14,12 @@ The same hooks see the activations a compiled region saves (AOTAutograd saves th
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from .handles import HandleCell
-    from .runtime import Runtime
+from .handles import HandleCell
+from .interface import RuntimeInterface
 
 
 class SavedTensor:
@@ -28,7 +27,7 @@ class SavedTensor:
 
     __slots__ = ("cell", "runtime", "tensor")
 
-    def __init__(self, tensor: torch.Tensor, cell: HandleCell, runtime: Runtime) -> None:
+    def __init__(self, tensor: torch.Tensor, cell: HandleCell, runtime: RuntimeInterface) -> None:
         self.tensor = tensor
         self.cell = cell
         self.runtime = runtime
@@ -38,7 +37,7 @@ class SavedTensor:
             self.runtime.index.drop(self.cell)
 
 
-def saved_tensor_hooks(runtime: Runtime) -> tuple[Any, Any]:
+def saved_tensor_hooks(runtime: RuntimeInterface) -> tuple[Any, Any]:
     """The (pack, unpack) pair for `torch.autograd.graph.saved_tensors_hooks` while `runtime` is active."""
     index = runtime.index
 
