@@ -23,6 +23,7 @@ import pytest
 import torch
 from torch import nn
 
+from dtr_compile.bench.block_models import WrittenOutBlock
 from dtr_compile.measure import measure_peak
 
 # The models of the CPU kernel tests (tests/kernels/kernel_harness.py) are shared with these.
@@ -111,16 +112,14 @@ def graph_break_model(blocks: int = 6, width: int = 256, tokens: int = 4096) -> 
 def gpt2_style(
     layers: int = 4, dim: int = 256, batch: int = 8, seq: int = 256, dropout: float = 0.0
 ) -> tuple[nn.Module, torch.Tensor]:
-    """A GPT-2-style stack on CUDA (tests/kernels' GPT2Block: pre-norm causal self-attention with attention and
+    """A GPT-2-style stack on CUDA (the bench's WrittenOutBlock: pre-norm causal self-attention with attention and
     residual dropout, GELU MLP) and its input; the model returns the loss."""
-    from kernel_harness import GPT2Block
-
     torch.manual_seed(0)
 
     class WithLoss(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.blocks = nn.Sequential(*[GPT2Block(dim, 4, dropout) for _ in range(layers)])
+            self.blocks = nn.Sequential(*[WrittenOutBlock(dim, 4, dropout) for _ in range(layers)])
             self.head = nn.Linear(dim, 1)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -60,13 +60,10 @@ def run_fused_and_unfused(
 # ------------------------------------------------------------------------------ compiled-path models
 
 
-# GPT-2's block with its attention written out (softmax and dropout as ops): the kernels suite's own, one class.
-GPT2Block = WrittenOutBlock
-
-
 def gpt2_blocks(dropout: float, layers: int = 2, dim: int = 64) -> tuple[nn.Module, torch.Tensor]:
+    """GPT-2's blocks with their attention written out (softmax and dropout as ops: what the kernels fuse)."""
     torch.manual_seed(0)
-    model = nn.Sequential(*[GPT2Block(dim, 4, dropout) for _ in range(layers)], nn.Linear(dim, 1))
+    model = nn.Sequential(*[WrittenOutBlock(dim, 4, dropout) for _ in range(layers)], nn.Linear(dim, 1))
     return model, torch.randn(4, 32, dim)
 
 
