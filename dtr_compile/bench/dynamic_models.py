@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .models import LSTMLanguageModel, TreeLSTM, random_binary_tree
+from .models import LSTMLanguageModel, TreeLSTM, random_binary_tree, token_loss
 
 Batch = tuple[tuple[Tensor, ...], Tensor]
 
@@ -42,10 +42,6 @@ class DynamicCase:
     batch: Callable[[int], Batch]  # step -> (inputs, target): a different batch every step
     loss_fn: Callable[[Any, Tensor], Tensor]
     description: str
-
-
-def _token_loss(logits: Tensor, labels: Tensor) -> Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
 # ------------------------------------------------------------------------------------------------ LSTM
@@ -196,7 +192,7 @@ def _lstm(size: str, batch: int, seq: int, hidden: int, layers: int) -> DynamicC
         ids = torch.randint(0, vocab, (t + 1, batch), generator=g)
         return (ids[:-1],), ids[1:]
 
-    return DynamicCase("lstm", size, model, make, _token_loss,
+    return DynamicCase("lstm", size, model, make, token_loss,
                        f"{layers} layers, hidden {hidden}, length {min(lengths)}-{max(lengths)}, batch {batch}")
 
 
@@ -211,7 +207,7 @@ def _transformer_branch(size: str, batch: int, seq: int, width: int, layers: int
         ids = torch.randint(0, vocab, (batch, lengths[step % len(lengths)] + 1), generator=g)
         return (ids[:, :-1],), ids[:, 1:]
 
-    return DynamicCase("transformer_branch", size, model, make, _token_loss,
+    return DynamicCase("transformer_branch", size, model, make, token_loss,
                        f"{layers} blocks, width {width}, seq {min(lengths)}-{max(lengths)}, batch {batch}, "
                        "a branch per block")
 

@@ -18,7 +18,6 @@ frontier.png (the Pareto plot: measured peak against step time, every method), r
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import shlex
@@ -32,6 +31,7 @@ from typing import Any
 from ..measure import add_device_argument, device_from_args
 from .grid import Grid
 from .methods import METHODS
+from .report import read_csv, write_csv
 from .runner import run_grid
 
 BASELINE = "compile"
@@ -150,15 +150,6 @@ def frontier_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: "" if row.get(k) is None else (f"{v:.6g}" if isinstance(v := row[k], float) else v)
-                             for k in COLUMNS})  # fmt: skip
-
-
 def _num(value: Any, fmt: str, scale: float = 1.0) -> str:
     return "" if value is None else fmt.format(value * scale)
 
@@ -244,8 +235,6 @@ def pareto_plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 def report_only(out: Path) -> str:
     """Rewrite frontier.md and frontier.png from out/frontier.csv; returns the table."""
-    from .report import read_csv
-
     if not (out / "frontier.csv").exists():
         raise SystemExit(f"{out}/frontier.csv does not exist; run `python -m dtr_compile.bench --frontier --out {out}`")
     rows = read_csv(out / "frontier.csv")
@@ -271,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def save(partial: list[dict]) -> None:  # after every run: an interrupted frontier keeps its rows
         rows = frontier_rows(partial)
-        write_csv(rows, out / "frontier.csv")
+        write_csv(rows, out / "frontier.csv", COLUMNS)
         (out / "frontier.md").write_text(markdown_table(rows))
 
     with tempfile.TemporaryDirectory(prefix="dtr-frontier-") as workdir:
@@ -281,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "clock": grid.clock,
     }  # fmt: skip
     (out / "run.json").write_text(json.dumps(info, indent=2))
-    write_csv(rows, out / "frontier.csv")
+    write_csv(rows, out / "frontier.csv", COLUMNS)
     table = markdown_table(rows)
     (out / "frontier.md").write_text(table)
     pareto_plot(rows, out / "frontier.png")

@@ -175,7 +175,8 @@ def _token_batch(batch: int, seq: int, vocab: int) -> Callable[[Any], Batch]:
     return make_batch
 
 
-def _token_loss(logits: Tensor, labels: Tensor) -> Tensor:
+def token_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """A language model's loss: cross-entropy over every token (dynamic_models.py's models use it too)."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
@@ -190,7 +191,7 @@ def _gpt2(size: str, batch: int, seq: int, width: int, layers: int, heads: int, 
     hf = GPT2LMHeadModel(config)
     model = HFLanguageModel(hf, "transformer.h")
     desc = f"{layers} layers, width {width}, seq {seq}, batch {batch}"
-    return BenchCase("gpt2", size, model, _token_batch(batch, seq, vocab), _token_loss, desc)
+    return BenchCase("gpt2", size, model, _token_batch(batch, seq, vocab), token_loss, desc)
 
 
 def _bert(size: str, batch: int, seq: int, width: int, layers: int, heads: int, vocab: int) -> BenchCase:
@@ -204,7 +205,7 @@ def _bert(size: str, batch: int, seq: int, width: int, layers: int, heads: int, 
     hf = BertForMaskedLM(config)
     model = HFLanguageModel(hf, "bert.encoder.layer")
     desc = f"{layers} layers, width {width}, seq {seq}, batch {batch}"
-    return BenchCase("bert", size, model, _token_batch(batch, seq, vocab), _token_loss, desc)
+    return BenchCase("bert", size, model, _token_batch(batch, seq, vocab), token_loss, desc)
 
 
 def _llama(size: str, batch: int, seq: int, width: int, layers: int, heads: int, vocab: int) -> BenchCase:
@@ -218,7 +219,7 @@ def _llama(size: str, batch: int, seq: int, width: int, layers: int, heads: int,
     hf = LlamaForCausalLM(config)
     model = HFLanguageModel(hf, "model.layers")
     desc = f"{layers} layers, width {width}, seq {seq}, batch {batch}"
-    return BenchCase("llama", size, model, _token_batch(batch, seq, vocab), _token_loss, desc)
+    return BenchCase("llama", size, model, _token_batch(batch, seq, vocab), token_loss, desc)
 
 
 # -------------------------------------------------------------------------------------- TreeLSTM
@@ -373,7 +374,7 @@ def _lstm(size: str, batch: int, seq: int, hidden: int, layers: int) -> BenchCas
         (ids,), labels = _token_batch(batch, seq, vocab)(device)
         return (ids.t().contiguous(),), labels.t().contiguous()  # time-major
 
-    return BenchCase("lstm", size, model, make_batch, _token_loss, desc)
+    return BenchCase("lstm", size, model, make_batch, token_loss, desc)
 
 
 # ------------------------------------------------------------------------------------------ registry

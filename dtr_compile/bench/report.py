@@ -37,15 +37,17 @@ COLUMNS = (
 RUN_INFO = "run.json"  # command line, wall time and date of the run that wrote a results directory
 
 
-def write_csv(rows: Iterable[dict[str, Any]], path: Path) -> None:
+def write_csv(rows: Iterable[dict[str, Any]], path: Path, columns: Sequence[str] = COLUMNS) -> None:
+    """The rows as a CSV of `columns` (the grid's results by default; the frontier names its own): floats to six
+    significant digits, None as an empty cell, what `read_csv` parses back."""
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
             flat = dict(row)
             if "runtime_stats" in flat and not isinstance(flat["runtime_stats"], str):
                 flat["runtime_stats"] = json.dumps(flat["runtime_stats"], sort_keys=True)
-            writer.writerow({k: _cell(flat.get(k)) for k in COLUMNS})
+            writer.writerow({k: _cell(flat.get(k)) for k in columns})
 
 
 def read_csv(path: Path) -> list[dict[str, Any]]:
