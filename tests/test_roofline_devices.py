@@ -224,13 +224,53 @@ def test_cost_annotation_uses_the_device_of_the_nodes_values(fake_cuda):
         x_node.meta["val"], w_node.meta["val"] = x, w
         mm.meta["val"] = torch.mm(x, w)
         relu.meta["val"] = torch.relu(mm.meta["val"])
-    annotate_costs(fx.GraphModule(torch.nn.Module(), graph))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    annotate_costs(gm, codegen="inductor")
     mm_cost, relu_cost = mm.meta[DTR_META_KEY].estimated_s, relu.meta[DTR_META_KEY].estimated_s
     assert mm_cost == pytest.approx(
         estimate_seconds(MATMUL_FLOPS, MATMUL_BYTES, device="cuda", dtype=torch.float32, fused=True)
     )
     assert relu_cost == pytest.approx(POINTWISE_BYTES / H200_LIKE.bytes_per_s + H200_LIKE.fused_overhead_s)
     assert mm_cost / relu_cost < _matmul_over_pointwise("cpu") / 5
+    # The FX code generator runs the matmul as an eager call (a launch of its own); the relu, which the recompute
+    # kernels fuse when it is recomputed, keeps the fused cost.
+    annotate_costs(gm, codegen="fx")
+    assert mm.meta[DTR_META_KEY].estimated_s == pytest.approx(
+        mm_cost - H200_LIKE.fused_overhead_s + H200_LIKE.overhead_s
+    )
+    assert relu.meta[DTR_META_KEY].estimated_s == pytest.approx(relu_cost)
+
+
+def test_cuda_dropout_needs_no_workspace_unlike_cpu_dropout(fake_cuda):
+    """aten's CPU dropout makes a float copy of its mask (measured); its CUDA kernels write output and mask."""
+    import operator
+
+    from torch._subclasses import FakeTensorMode
+
+    from dtr_compile.passes.costs import annotate_costs
+    from dtr_compile.passes.meta import DTR_META_KEY
+
+    def dropout_workspaces(x: torch.Tensor, mode) -> list[int]:
+        graph = fx.Graph()
+        x_node = graph.placeholder("primals_1")
+        dropout = graph.call_function(torch.ops.aten.native_dropout.default, (x_node, 0.2, True))
+        mask = graph.call_function(operator.getitem, (dropout, 1))
+        backward = graph.call_function(torch.ops.aten.native_dropout_backward.default, (x_node, mask, 1.25))
+        graph.output((backward,))
+        with mode:
+            x_node.meta["val"] = x
+            dropout.meta["val"] = torch.ops.aten.native_dropout.default(x, 0.2, True)
+            mask.meta["val"] = dropout.meta["val"][1]
+            backward.meta["val"] = torch.empty_like(x)
+        annotate_costs(fx.GraphModule(torch.nn.Module(), graph))
+        return [dropout.meta[DTR_META_KEY].workspace_bytes, backward.meta[DTR_META_KEY].workspace_bytes]
+
+    cpu_mode = FakeTensorMode()
+    with cpu_mode:
+        cpu = torch.empty(N, N)
+    assert dropout_workspaces(cpu, cpu_mode) == [cpu.nbytes, cpu.nbytes]
+    mode, (x,) = _fake_cuda_tensors((N, N))
+    assert dropout_workspaces(x, mode) == [0, 0]
 
 
 @pytest.mark.gpu

@@ -20,6 +20,7 @@ from torch import fx
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
+from ..kernels.lower_fx import is_supported
 from ..roofline import at_hints, call_flops, compute_dtype, device_of, estimate_seconds
 from .meta import DTR_META_KEY, NodeCost, Phase
 from .storage import StorageMap, is_mutating, tensor_nbytes
@@ -76,15 +77,28 @@ INDUCTOR_CPU_WORKSPACE = {
 }
 
 
+# On CUDA, aten's dropout kernels write the output and the boolean mask directly (fused_dropout_kernel,
+# masked_scale_kernel), as the recompute kernels' dropout does (kernels/rng.py): no float copy of the mask, which
+# the model of a CUDA plan counted wherever a dropout or its backward ran. (Convolutions keep the CPU's figures:
+# cuDNN's workspace depends on the algorithm it picks.)
+CUDA_WORKSPACE = {
+    op: size
+    for op, size in WORKSPACE.items()
+    if op not in (torch.ops.aten.native_dropout.default, torch.ops.aten.native_dropout_backward.default)
+}
+
+
 def _workspace(node: fx.Node, codegen: str) -> int:
     table = _workspace_table(node, codegen)
     return table[node.target](node) if node.target in table else 0
 
 
 def _workspace_table(node: fx.Node, codegen: str) -> dict:
+    leaves = [v for v in tree_flatten(node.meta.get("val"))[0] if isinstance(v, torch.Tensor)]
+    if leaves and leaves[0].device.type == "cuda":
+        return CUDA_WORKSPACE
     if codegen != "inductor":
         return WORKSPACE
-    leaves = [v for v in tree_flatten(node.meta.get("val"))[0] if isinstance(v, torch.Tensor)]
     on_cpu = not leaves or leaves[0].device.type == "cpu"
     channels_last = torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
     return INDUCTOR_CPU_WORKSPACE if on_cpu and channels_last else WORKSPACE
@@ -217,6 +231,19 @@ def _bytes_moved(node: fx.Node) -> int:
     return read + sum(tensor_nbytes(v) for v in written)
 
 
+def _fused_call(node: fx.Node, device: torch.device, codegen: str) -> bool:
+    """Whether `node` pays a fused op's fixed cost (no launch of its own) rather than an eager call's.
+
+    Inductor fuses pointwise ops into their neighbours' loops. The FX code generator runs each op as an eager aten
+    call, except, on CUDA, the recomputes that the recompute kernels fuse (fuse_recompute.py; on there by default):
+    a recomputed matmul pays a launch that a recomputed pointwise chain or dropout does not, which at small sizes is
+    most of either's time, so the planner recomputes those chains first. (Priced for recompute_kernels="auto": with
+    "off" they are eager calls too.) CPU graphs keep the fused cost everywhere, as every CPU plan was made with it."""
+    if codegen == "inductor" or device.type != "cuda":
+        return True
+    return is_supported(node)
+
+
 def _cost_of(node: fx.Node, phase: Phase, storages: StorageMap, mode: CostMode, codegen: str) -> NodeCost:
     why_not = _why_not_recomputable(node, phase)
     is_call = node.op == "call_function"
@@ -226,12 +253,11 @@ def _cost_of(node: fx.Node, phase: Phase, storages: StorageMap, mode: CostMode, 
     if alias:
         estimated = 0.0  # views and getitem cost nothing: no kernel, no allocation
     elif is_call:
-        # Inductor fuses such ops into their neighbours' loops: no launch overhead to speak of.
         inputs = tree_flatten([a.meta.get("val") for a in node.all_input_nodes])[0]
         outputs = tree_flatten(node.meta.get("val"))[0]
-        estimated = estimate_seconds(
-            flops, moved, device=device_of(inputs + outputs), dtype=compute_dtype(inputs), fused=True
-        )
+        device = device_of(inputs + outputs)
+        fused = _fused_call(node, device, codegen)
+        estimated = estimate_seconds(flops, moved, device=device, dtype=compute_dtype(inputs), fused=fused)
     else:
         estimated = 0.0
     measured = _measure(node) if mode == "measure" and is_call and not alias else None

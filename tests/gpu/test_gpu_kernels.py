@@ -54,14 +54,17 @@ def test_auto_fuses_recomputes_into_compiled_kernels_equal_to_eager() -> None:
 
 
 def test_dropout_recomputed_in_kernels_draws_the_forward_masks() -> None:
-    """A GPT-2-style stack with dropout 0.2: at budget 0.5 the plan recomputes dropouts inside fused kernels; the
-    oracle is the same backend with no budget (every dropout on the counter-based RNG in both)."""
+    """A GPT-2-style stack with dropout 0.2: at budget 0.5 the plan recomputes dropouts inside fused kernels, every
+    one it recomputes (tests/kernels/test_cuda_plan.py makes the same plan on CPU); the oracle is the same backend
+    with no budget (every dropout on the counter-based RNG in both)."""
     model, x = gpt2_blocks(dropout=0.2)
     model, x = model.to(CUDA), x.to(CUDA)
     reference, _, _ = _fx_step(model, x, None, seed=5)
     grads, _, report = _fx_step(model, x, 0.5, seed=5)
     assert report.fusion.dropouts == 6 and report.fusion.regions
     assert any(any(m.startswith("dropout_kernel") for m in region.members) for region in report.fusion.regions)
+    left = [(name, why) for name, why in report.fusion.unfused if name.startswith("dropout_kernel")]
+    assert not left, left
     _compiled_for_the_gpu()
     assert_grads_close(grads, reference, rtol=1e-5)
 

@@ -67,28 +67,40 @@ def cuda_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": torch.zeros(16, dtype=torch.uint8))
 
 
-def _plan_for_cuda(budget: float):
+@pytest.fixture(scope="module")
+def joint():
+    """The GPU test's model (2 GPT-2-style blocks, dropout 0.2) as the partitioner receives it, traced on CPU."""
+    return _joint(*gpt2_blocks(dropout=0.2))
+
+
+def _plan_for_cuda(joint, budget: float):
+    """The partitioner's report for `joint` on fake CUDA tensors under `budget`, with the FX code generator and the
+    default recompute kernels (on for CUDA)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    model, x = gpt2_blocks(dropout=0.2)
-    joint, inputs, num_fwd_outputs, kwargs = _joint(model, x)
+    graph, inputs, num_fwd_outputs, kwargs = joint
+    copied = fx.Graph()
+    copied.output(copied.graph_copy(graph.graph, {}))  # nodes and meta dicts of its own, the same values in them
+    graph = fx.GraphModule(graph, copied)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    for node in joint.graph.nodes:
+    for node in graph.graph.nodes:
         if "val" in node.meta:
             node.meta["val"] = _on_fake_cuda(node.meta["val"], mode)
     partitioner = DTRPartitioner(budget, codegen="fx")
     with config.patch(codegen="fx", recompute_kernels="auto", plan_cache=False), mode:
-        partitioner(joint, [_on_fake_cuda(v, mode) for v in inputs], num_fwd_outputs=num_fwd_outputs, **kwargs)
+        partitioner(graph, [_on_fake_cuda(v, mode) for v in inputs], num_fwd_outputs=num_fwd_outputs, **kwargs)
     return partitioner.reports[-1]
 
 
 @pytest.mark.parametrize("rates", ["h200", "cpu"])
-def test_cuda_plan_at_half_recomputes_every_dropout_it_drops_inside_kernels(cuda_without_a_gpu, monkeypatch, rates):
+def test_cuda_plan_at_half_recomputes_every_dropout_it_drops_inside_kernels(
+    joint, cuda_without_a_gpu, monkeypatch, rates
+):
     """Priced at H200-like rates, and at CPU rates ("cpu") as the H200 run that found the bug priced it (then no
     dropout was fused at all)."""
     if rates == "cpu":
         monkeypatch.setattr(roofline, "_cuda_rates", {0: roofline.CPU_RATES})
-    report = _plan_for_cuda(0.5)
+    report = _plan_for_cuda(joint, 0.5)
     fusion = report.fusion
     assert fusion.enabled and "CUDA" in fusion.reason, fusion.reason
     assert report.planned_peak.peak_bytes <= report.budget_bytes < report.no_remat.peak_bytes
@@ -105,3 +117,18 @@ def test_cuda_plan_at_half_recomputes_every_dropout_it_drops_inside_kernels(cuda
     # The attention dropouts' masks are read by their backwards, outside the region that recomputed them: written.
     attention = [r for r in fusion.regions if any(m.startswith("_softmax") for m in r.members)]
     assert attention and all(any(m.startswith("dropout_kernel") for m in r.members) for r in attention)
+
+
+def test_cuda_plan_recomputes_pointwise_chains_and_dropouts_before_any_matmul(joint, cuda_without_a_gpu) -> None:
+    """Under a budget that needs recomputation, the first things a CUDA plan recomputes are the chains its kernels
+    fuse: with the FX code generator a recomputed matmul is a launch of its own, a fused pointwise op or dropout is
+    not (passes/costs.py). At 0.8 the plan once recomputed the MLP's up-projection (an addmm) for its bytes."""
+    report = _plan_for_cuda(joint, 0.8)
+    assert report.planned_peak.peak_bytes <= report.budget_bytes < report.no_remat.peak_bytes
+    aten = torch.ops.aten
+    recomputed = [n for n in report.planned.graph.nodes if RECOMPUTE_META_KEY in n.meta]
+    matmuls = [n.name for n in recomputed if n.target in (aten.mm.default, aten.addmm.default, aten.bmm.default)]
+    assert not matmuls, matmuls
+    fusion = report.fusion
+    assert any(m.startswith("dropout_kernel") for region in fusion.regions for m in region.members)
+    assert all(why.startswith("no kernel lowering") for _, why in fusion.unfused), fusion.unfused
