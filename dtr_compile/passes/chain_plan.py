@@ -25,16 +25,15 @@ cheapest plan that fits is taken. The planner's `fill` then spends what is left 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from torch import fx
 
 from .blocks import OPTIONS, Block, option_drops
+from .plan_state import PlanState
+from .schedule import JointFacts
 
-if TYPE_CHECKING:
-    from .planner import _Search, _State
-
-__all__ = ["ChainResult", "plan_chain"]
+__all__ = ["ChainResult", "ChainSearch", "plan_chain"]
 
 ROUNDS = 6  # exact checks of the dynamic program's choice
 
@@ -49,16 +48,28 @@ class _Profile:
     recompute: list[float]  # C_k: modelled time of recomputing block k's values
 
 
+class ChainSearch(Protocol):
+    """What the chain planner uses of the planner's search (planner.py, which calls it: the search is handed in
+    rather than imported, so that the two modules do not import each other)."""
+
+    facts: JointFacts
+    state: PlanState  # the plan the search stands at (the chain's plans keep what it drops outside the blocks)
+
+    def evaluate(self, dropped: frozenset[fx.Node], forget: frozenset[tuple[fx.Node, int]]) -> PlanState | None:
+        """The plan that does not save `dropped` (and gives up `forget`); None when it cannot be scheduled."""
+        ...
+
+
 @dataclass
 class ChainResult:
     blocks: list[Block]
     options: tuple[str, ...] | None  # the chosen option per block (None: no combination met the budget)
-    state: _State | None  # the chosen plan (before fill)
-    floor: _State | None  # every block checkpointed: the lowest peak the chain's options reach
+    state: PlanState | None  # the chosen plan (before fill)
+    floor: PlanState | None  # every block checkpointed: the lowest peak the chain's options reach
     rounds: int = 0
 
 
-def plan_chain(search: _Search, blocks: list[Block], budget: int) -> ChainResult:
+def plan_chain(search: ChainSearch, blocks: list[Block], budget: int) -> ChainResult:
     """The cheapest combination of block options whose exact peak is within `budget` (see the module doc)."""
     facts = search.facts
     start = search.state.dropped
@@ -72,10 +83,10 @@ def plan_chain(search: _Search, blocks: list[Block], budget: int) -> ChainResult
     block_of_backward = {n: k for k, b in enumerate(blocks) for n in b.backward}
     block_of_forward = {n: k for k, b in enumerate(blocks) for n in b.forward}
     profiles: dict[str, _Profile] = {}
-    evaluated: dict[tuple[str, ...], _State | None] = {}
+    evaluated: dict[tuple[str, ...], PlanState | None] = {}
     for option in OPTIONS:
         choice = (option,) * len(blocks)
-        state = search._evaluate(dropped_of(choice), frozenset())
+        state = search.evaluate(dropped_of(choice), frozenset())
         evaluated[choice] = state
         if state is not None:
             profiles[option] = _profile(facts, state, len(blocks), block_of_forward, block_of_backward)
@@ -87,7 +98,7 @@ def plan_chain(search: _Search, blocks: list[Block], budget: int) -> ChainResult
         for level, value in profile.gaps.items():
             gaps[level] = max(gaps.get(level, value), value)
 
-    best: _State | None = None
+    best: PlanState | None = None
     best_choice: tuple[str, ...] | None = None
     for choice, state in evaluated.items():
         if (
@@ -104,7 +115,7 @@ def plan_chain(search: _Search, blocks: list[Block], budget: int) -> ChainResult
         if choice is None or choice in seen:
             break
         seen.add(choice)
-        state = evaluated.get(choice) if choice in evaluated else search._evaluate(dropped_of(choice), frozenset())
+        state = evaluated.get(choice) if choice in evaluated else search.evaluate(dropped_of(choice), frozenset())
         evaluated[choice] = state
         if state is None:
             break
@@ -115,7 +126,11 @@ def plan_chain(search: _Search, blocks: list[Block], budget: int) -> ChainResult
 
 
 def _profile(
-    facts, state: _State, count: int, block_of_forward: dict[fx.Node, int], block_of_backward: dict[fx.Node, int]
+    facts: JointFacts,
+    state: PlanState,
+    count: int,
+    block_of_forward: dict[fx.Node, int],
+    block_of_backward: dict[fx.Node, int],
 ) -> _Profile:
     sim, trace = state.sim, state.trace
     saved = [0] * count

@@ -60,7 +60,8 @@ from torch import fx
 
 from .blocks import Block, boundaries, find_chain
 from .chain_plan import plan_chain
-from .schedule import Emitted, Infeasible, JointFacts, Simulation, Trace, Version, build_trace, simulate
+from .plan_state import PlanState
+from .schedule import Emitted, Infeasible, JointFacts, Trace, Version, build_trace, simulate
 
 __all__ = ["Emitted", "Plan", "Version", "plan_schedule"]
 
@@ -91,22 +92,6 @@ class Plan:
 Decision = tuple[str, fx.Node, int]  # ("drop", value, 0) or ("split", value, backward op index)
 
 
-@dataclass
-class _State:
-    dropped: frozenset[fx.Node]
-    forget: frozenset[tuple[fx.Node, int]]
-    trace: Trace
-    sim: Simulation
-    hoist: frozenset[tuple[fx.Node, int]] = frozenset()
-
-    @property
-    def peak(self) -> int:
-        return self.sim.peak
-
-    def area_above(self, level: float) -> int:
-        return sum(m - level for m in self.sim.timeline if m > level)
-
-
 class _Search:
     def __init__(self, facts: JointFacts, initial: frozenset[fx.Node], inductor: bool | str) -> None:
         self.facts = facts
@@ -114,19 +99,19 @@ class _Search:
         self.position = facts.position
         self.banned: set[Decision] = set()
         self.compound = False  # second phase of the search: compound drops and earlier bursts (see run)
-        state = self._evaluate(initial, frozenset())
+        state = self.evaluate(initial, frozenset())
         if state is None:
             raise ValueError("the starting partition needs a value that cannot be recomputed")
         self.state = self.best = state
 
-    def _evaluate(
+    def evaluate(
         self,
         dropped: frozenset[fx.Node],
         forget: frozenset[tuple[fx.Node, int]],
         hoist: frozenset[tuple[fx.Node, int]] = frozenset(),
         *,
         fitting: tuple[int, float] | None = None,
-    ) -> _State | None:
+    ) -> PlanState | None:
         """The state of a plan; None when it is infeasible or, with `fitting` = (budget, recompute time), when
         it recomputes no less or its peak is above the budget (judged without simulating past the first op
         above it: fill rejects most of its candidates, 97% on the LSTM graphs of tests/e2e/test_handoff.py)."""
@@ -135,14 +120,14 @@ class _Search:
         except Infeasible:
             return None
         if fitting is None:
-            return _State(dropped, forget, trace, simulate(self.facts, trace, inductor=self.inductor), hoist)
+            return PlanState(dropped, forget, trace, simulate(self.facts, trace, inductor=self.inductor), hoist)
         budget, recompute_s = fitting
         if trace.recompute_s >= recompute_s:
             return None
         sim = simulate(self.facts, trace, inductor=self.inductor, limit=budget)
-        return _State(dropped, forget, trace, sim, hoist) if sim.complete and sim.peak <= budget else None
+        return PlanState(dropped, forget, trace, sim, hoist) if sim.complete and sim.peak <= budget else None
 
-    def _apply(self, state: _State, decisions: list[Decision]) -> _State | None:
+    def _apply(self, state: PlanState, decisions: list[Decision]) -> PlanState | None:
         dropped = set(state.dropped)
         forget = set(state.forget)
         hoist = set(state.hoist)
@@ -153,9 +138,9 @@ class _Search:
                 hoist.add((node, index))
             else:
                 forget.add((node, index))
-        return self._evaluate(frozenset(dropped), frozenset(forget), frozenset(hoist))
+        return self.evaluate(frozenset(dropped), frozenset(forget), frozenset(hoist))
 
-    def _better(self, new: _State | None, old: _State) -> bool:
+    def _better(self, new: PlanState | None, old: PlanState) -> bool:
         if new is None:
             return False
         if new.peak != old.peak:
@@ -163,13 +148,13 @@ class _Search:
         level = AREA_FRACTION * old.peak
         return new.area_above(level) < old.area_above(level)
 
-    def _candidates(self, state: _State) -> list[tuple[float, int, Decision, int]]:
+    def _candidates(self, state: PlanState) -> list[tuple[float, int, Decision, int]]:
         """(cost per byte, -bytes, decision, bytes) of the decisions that lower memory at the peak."""
         rows = self._drop_candidates(state) + self._split_candidates(state)
         rows.sort(key=lambda row: (row[0], row[1], self.position[row[2][1]], row[2][0], row[2][2]))
         return rows
 
-    def _drop_candidates(self, state: _State) -> list[tuple[float, int, Decision, int]]:
+    def _drop_candidates(self, state: PlanState) -> list[tuple[float, int, Decision, int]]:
         """Saved values live at the peak only because they are saved."""
         facts, sim, at = self.facts, state.sim, state.sim.peak_index
         run_position = sim.run_position
@@ -197,7 +182,7 @@ class _Search:
             rows.append((cost / freed, -freed, decision, freed))
         return rows
 
-    def _split_candidates(self, state: _State) -> list[tuple[float, int, Decision, int]]:
+    def _split_candidates(self, state: PlanState) -> list[tuple[float, int, Decision, int]]:
         """Recomputed values live at the peak between two uses: recompute them again for the later one."""
         facts, sim, trace, at = self.facts, state.sim, state.trace, state.sim.peak_index
         if at < trace.boundary:
@@ -251,7 +236,7 @@ class _Search:
                 stack.append(arg)
         return cost
 
-    def run(self, budget: int) -> _State:
+    def run(self, budget: int) -> PlanState:
         """Apply decisions until the peak is within `budget` or nothing more helps; returns the final state."""
         while self.state.peak > budget:
             rows = self._candidates(self.state)
@@ -292,7 +277,7 @@ class _Search:
                 self.banned.add(batch[0])
         return self.state
 
-    def _compound_drop(self, drop: Decision, dropped: _State) -> _State | None:
+    def _compound_drop(self, drop: Decision, dropped: PlanState) -> PlanState | None:
         """A drop that did not lower the peak alone (`dropped`: the plan with it), tried with the moves that
         make it pay: the dropped ancestors its recompute pulls back are given up right after it (their copies
         would otherwise stay alive until their own later uses), and the burst also runs before one of the
@@ -322,7 +307,7 @@ class _Search:
                 return new
         return new
 
-    def _hoisted(self, state: _State) -> _State | None:
+    def _hoisted(self, state: PlanState) -> PlanState | None:
         """When no drop or split lowers the peak any more: if the peak is in a backward op's recompute burst,
         or at the op itself, run that burst earlier, before one of the previous backward ops, where less is
         live. (On a Linear+ReLU chain the search stopped at 0.81 of no-remat with the first layer recomputed
@@ -351,7 +336,7 @@ class _Search:
             self.banned.update(decisions)
         return None
 
-    def fill(self, budget: int) -> _State:
+    def fill(self, budget: int) -> PlanState:
         """Spend the memory left under `budget` on saving again what is dearest to recompute.
 
         The search only ever drops values, and it starts from the min-cut partition, which recomputes cheap
@@ -366,13 +351,13 @@ class _Search:
             rows.append((-cost / max(freed, 1), self.position[node], node))
         rows.sort(key=lambda row: row[:2])
         for _, _, node in rows:
-            new = self._evaluate(
+            new = self.evaluate(
                 state.dropped - {node}, state.forget, state.hoist, fitting=(budget, state.trace.recompute_s)
             )
             if new is not None:
                 state = new
         for split in sorted(state.forget, key=lambda item: (item[1], self.position[item[0]])):  # fewer recomputes
-            new = self._evaluate(
+            new = self.evaluate(
                 state.dropped, state.forget - {split}, state.hoist, fitting=(budget, state.trace.recompute_s)
             )
             if new is not None:
@@ -489,7 +474,7 @@ def _plan(
 
 def _plan_blocks(
     search: _Search, blocks: list[Block] | None, budget: int
-) -> tuple[_State | None, tuple[str, ...] | None]:
+) -> tuple[PlanState | None, tuple[str, ...] | None]:
     """The chain planner's plan (chain_plan.py) when the graph is a chain of blocks and some combination of
     block options meets `budget`; else (None, None), with the search moved to the all-checkpoint plan when
     that lowers its peak, so that the greedy search goes on below checkpointing's floor from there."""

@@ -124,7 +124,7 @@ def test_dynamic_program_matches_brute_force_over_option_combinations(fraction: 
     best = None
     for choice in itertools.product(OPTIONS, repeat=len(blocks)):
         dropped = other.union(*(option_drops(facts, b, o, start) for b, o in zip(blocks, choice)))
-        state = search._evaluate(dropped, frozenset())
+        state = search.evaluate(dropped, frozenset())
         if state is not None and state.peak <= budget and (best is None or state.trace.recompute_s < best):
             best = state.trace.recompute_s
     assert best is not None, "the brute force found no combination within the budget: pick another fraction"
