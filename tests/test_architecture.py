@@ -1,9 +1,9 @@
 """The package's import graph keeps the house walkable (issue 18): no import circles, at most five floors.
 
-Read from the source with `ast`, imports inside functions included, so an import made late to dodge a circle
-at import time still counts. Imports under `if TYPE_CHECKING:` are left out: they never run, and they are how
-a lower module names a higher module's class in an annotation (a runtime helper taking the `Runtime` it serves)
-without depending on it.
+Read from the source with `ast`, every import counted: those inside functions, so an import made late to dodge
+a circle at import time still counts, and those under `if TYPE_CHECKING:`, which never run but send a reader
+to the module they name just the same. A lower module that needs a higher one's class in an annotation names a
+protocol of what it uses instead (runtime/interface.py: what the runtime's helpers use of the `Runtime`).
 
 A *room* is a subpackage (`runtime/`, `passes/`, ...) or a top-level module (`config.py`, `fit.py`, ...). A room's
 *floor* is 1 for a room that imports no other room, else one above the highest room it imports. The package's
@@ -27,26 +27,9 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_type_checking_block(node: ast.AST) -> bool:
-    if not isinstance(node, ast.If):
-        return False
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(tree: ast.AST):
-    """Every Import/ImportFrom node that can run (anywhere in the file, TYPE_CHECKING blocks skipped)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if _is_type_checking_block(node):
-            stack.extend(node.orelse)
-            continue
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node
-        stack.extend(ast.iter_child_nodes(node))
+    """Every Import/ImportFrom node, anywhere in the file (TYPE_CHECKING blocks and functions included)."""
+    return (node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom))
 
 
 def module_graph() -> nx.DiGraph:
@@ -122,6 +105,11 @@ def test_the_checker_sees_a_circle_and_a_tall_house() -> None:
     assert list(nx.simple_cycles(modules))
     chain = nx.DiGraph([(f"r{i}", f"r{i + 1}") for i in range(5)])
     assert max(floors(chain).values()) == 6
+
+
+def test_the_checker_counts_an_import_made_only_for_annotations() -> None:
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .runtime import Runtime\n")
+    assert [node.module for node in _imports(tree)] == ["typing", "runtime"]
 
 
 def test_the_engine_and_the_ground_floor_stay_low() -> None:
