@@ -1,11 +1,11 @@
-"""The plan `backend="dtr"` makes for a CUDA graph, made on CPU: the GPU test's GPT-2-style stack with dropout 0.2
-at budget 0.5 (tests/gpu/test_gpu_kernels.py), its values fake CUDA tensors, priced at H200-like rates.
+"""The plans `backend="dtr"` makes for a CUDA graph, made on CPU: the GPU test's GPT-2-style stack with dropout 0.2
+(tests/gpu/test_gpu_kernels.py), its values fake CUDA tensors, priced at H200-like rates as if measured.
 
-On an H200 that plan recomputed two attention dropouts and fused neither into a kernel: emit_plan put each one's
-mask getitem before the dropout's backward, several ops after the burst that recomputed its output for a matmul,
-so the dropout's unit read outside its burst and joined no region. Only the kernels' *plan* is checked here
-(Triton runs on CPU only through its interpreter); tests/gpu runs the kernels.
-"""
+On an H200 the plan at 0.5 fused no recomputed dropout into a kernel. Priced at CPU rates, as that run priced it,
+the plan recomputes the two attention dropouts, and the fusion pass left both as they were: emit_plan put each mask's
+getitem before the dropout's backward, several ops after the burst that recomputed the dropout's output for a
+matmul, so the dropout's unit read outside its burst and joined no region. Only the *plan* is checked here (Triton
+runs on CPU only through its interpreter); tests/gpu runs the kernels."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def test_cuda_plan_at_half_recomputes_every_dropout_it_drops_inside_kernels(
     recomputed = {n.name for n in fusion.graph.graph.nodes if RECOMPUTE_META_KEY in n.meta}
     assert not [n for n in recomputed if n.startswith(("dropout_kernel", "native_layer_norm"))], recomputed
     assert all(why.startswith("no kernel lowering") for _, why in fusion.unfused), fusion.unfused
-    # The attention dropouts' masks are read by their backwards, outside the region that recomputed them: written.
+    # A recomputed softmax and the attention dropout that reads it are one kernel (which writes the mask).
     attention = [r for r in fusion.regions if any(m.startswith("_softmax") for m in r.members)]
     assert attention and all(any(m.startswith("dropout_kernel") for m in r.members) for r in attention)
 
