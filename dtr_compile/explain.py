@@ -57,6 +57,7 @@ class Explanation:
                 f"planned in {plan.planning_s:.3f} s"
             )
             parts.append(f"  {report.times}")
+            parts.append(f"  {_tail_line(report)}")
             parts.append(f"  {'tensor':<36} {'decision':<14} {'bytes':>12} {'cost':>10}  source")
             for d in _decisions(report):
                 what = d.decision if d.recomputes <= 1 else f"{d.decision} x{d.recomputes}"
@@ -89,6 +90,22 @@ class Explanation:
         figure.savefig(path)
         plt.close(figure)
         return path
+
+
+def _tail_line(report: PlanReport) -> str:
+    """What the plan leaves room for between its forward and backward (the loss: passes/storage.Tail)."""
+    from .passes.storage import TAIL_META_KEY, StorageMap, assumed_tail
+
+    graph = report.planned.graph
+    tangents = [n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+    storages = StorageMap(graph, counted_inputs=set(tangents))
+    tangent_bytes = sum(storages.info[k].nbytes for t in tangents for k in storages.keys[t])
+    tail = assumed_tail(tangents, tangent_bytes)
+    how = "measured by a step" if any(TAIL_META_KEY in t.meta for t in tangents) else "assumed"
+    return (
+        f"loss tail ({how}): {format_bytes(tail.peak_bytes)} at most after the forward, "
+        f"{format_bytes(tail.at_backward_bytes)} at the backward's start (tangents included)"
+    )
 
 
 def _decisions(report: PlanReport) -> list[TensorDecision]:

@@ -18,6 +18,11 @@ a budget to measure the peak the fraction refers to (its regions are planned wit
 known. Regions compiled with no step around them (`config.compiled_steps = "plan_only"`, or no budget) are
 planned alone against `config.memory_budget`, as fractions of their own no-remat peak.
 
+The code after a region's forward (the loss, later regions) runs while the region's saved values are held, so
+every plan leaves room for it: first an assumed tail (passes/storage.py), then the tail the first whole step
+measured (runtime/tails.py), planned with once per region when it differs from the assumed one (`_measured_tail`).
+A floor named before a step has run is the assumed tail's: a budget that runs, if not the least one.
+
 Dynamic shapes: Dynamo marks sizes that change between calls as symbolic and compiles once for all of them;
 the plan is made at the sizes seen when compiling (its decisions hold at every size) and the runtime makes
 room for each call at the actual sizes (Footprint.scale).
@@ -40,6 +45,7 @@ from ..errors import BudgetError, format_bytes
 from ..passes.costs import is_random
 from ..passes.meta import cost_of
 from ..passes.partition import DTRPartitioner, PlanReport
+from ..passes.storage import Tail, default_tail
 from ..runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint, device_of
 from ..runtime.implicit import STEPS
 from ..runtime.runtime import current_step
@@ -49,6 +55,11 @@ from ..tensor_bytes import tensor_nbytes
 from .aot import boxed_fx, compile_region
 
 _region_ids = itertools.count()
+
+# A measured tail (runtime/tails.py) replaces the assumed one when they differ by more than this fraction of the
+# step's budget: closer, a new plan (a compile) would change less than the memory model's own error.
+TAIL_TOLERANCE = 0.02
+TAIL_BAND = 0.90  # issue 17's band: a step whose peak is within [0.90, 1] of its budget needs no new plan
 
 
 class Region:
@@ -69,6 +80,8 @@ class Region:
         self._key: Hashable = None
         self._compiled: Callable[..., Any] | None = None
         self._owner: Callable[[], Any] | None = None  # weak: what this region's steps belong to
+        self._tail: Tail | None = None  # the measured tail it plans with (`_measured_tail`), once decided
+        self._tail_decided = False
         key, budget = self._plan_budget()
         self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
 
@@ -120,11 +133,35 @@ class Region:
         step_budget = runtime.budget_bytes
         if step_budget is None:
             return ("step", None), None
-        return ("step", step_budget), max(1, step_budget - held)
+        return ("step", step_budget, self._measured_tail(runtime, step_budget)), max(1, step_budget - held)
+
+    def _measured_tail(self, runtime: Any, step_budget: int) -> Tail | None:
+        """The tail to plan with: the one a step measured after this region's forward (runtime/tails.py), decided
+        once, when the first is measured. None (the assumed tail, and no new plan: a compile) when the two differ
+        by less than TAIL_TOLERANCE of the step's budget, or when the step that measured it already held its
+        budget within the band the plans aim for (its peak in [TAIL_BAND, 1] x the budget)."""
+        if self._tail_decided:
+            return self._tail
+        if not self.reports or not runtime.tails.decided(self.name):
+            return None
+        self._tail_decided = True
+        measured = runtime.tails.learned.get(self.name)
+        if measured is None:  # its tail held another region's forward (tails.py): the assumed one stays
+            return None
+        assumed = _assumed_tail(self.reports[-1])
+        off = max(
+            abs(measured.peak_bytes - assumed.peak_bytes), abs(measured.at_backward_bytes - assumed.at_backward_bytes)
+        )
+        peak = runtime.stats().peak_bytes
+        on_target = runtime.budget_bytes == step_budget and TAIL_BAND * step_budget <= peak <= step_budget
+        if off > TAIL_TOLERANCE * step_budget and not on_target:
+            self._tail = Tail(measured.peak_bytes, measured.at_backward_bytes)
+        return self._tail
 
     def _compile(self, key: Hashable, budget: Budget, example_inputs: Sequence[Any]) -> None:
+        tail = key[2] if key[0] == "step" and len(key) > 2 else None  # type: ignore[index]
         try:
-            self._compiled = self._compile_with(budget, example_inputs)
+            self._compiled = self._compile_with(budget, example_inputs, tail)
         except BudgetError as error:
             floor = error.smallest_feasible_bytes
             if key[0] != "step" or floor is None or budget is None:  # type: ignore[index]
@@ -145,12 +182,13 @@ class Region:
                 ) from error
             # The room left in the step is too small for this region alone: plan it as tight as it goes,
             # and let the runtime evict what is live outside it.
-            self._compiled = self._compile_with(floor, example_inputs)
+            self._compiled = self._compile_with(floor, example_inputs, tail)
         self._key = key
 
-    def _compile_with(self, budget: Budget, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-
-        partitioner = DTRPartitioner(budget, cost_mode=self.cost_mode, codegen=self.codegen)
+    def _compile_with(
+        self, budget: Budget, example_inputs: Sequence[Any], tail: Tail | None = None
+    ) -> Callable[..., Any]:
+        partitioner = DTRPartitioner(budget, cost_mode=self.cost_mode, codegen=self.codegen, tail=tail)
 
         def wrap(graph: fx.GraphModule, phase: str) -> Callable[[Any], CompiledPart]:
             report = partitioner.reports[-1] if partitioner.reports and phase != "inference" else None
@@ -196,9 +234,16 @@ def part_maker(
             slices=slices,
             on_call=STEPS.on_backward_part if phase == "backward" else None,
             op_by_op=None if fallback is None else inner if inner is graph else fallback,
+            tail_of=(region, phase) if phase in ("forward", "backward") else None,
         )
 
     return finish
+
+
+def _assumed_tail(report: PlanReport) -> Tail:
+    """The tail the memory models assume for the graph of `report` before a step measures one (storage.py)."""
+    tangents = [n for n in report.planned.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+    return default_tail(tangents, sum(tensor_nbytes(n.meta.get("val")) for n in tangents))
 
 
 def _fx_copy(graph: fx.GraphModule) -> fx.GraphModule:
@@ -217,13 +262,9 @@ def _footprint(report: PlanReport, phase: str, example_numels: tuple[int, ...]) 
     saved = model.saved_bytes  # what the forward leaves alive: saved activations and outputs
     if phase == "forward":
         return Footprint(saved, max(0, peak - saved), example_numels)
-    tangents = sum(
-        tensor_nbytes(n.meta.get("val"))
-        for n in report.planned.graph.nodes
-        if n.op == "placeholder" and n.name.startswith("tangents")
-    )
-    # The backward's inputs (saved activations, incoming gradients) are already held by the step.
-    return Footprint(0, max(0, peak - saved - tangents), example_numels)
+    # The backward's inputs (saved activations, incoming gradients) are already held by the step, which has also
+    # freed what the program dropped before the backward (a measured tail: storage.Tail).
+    return Footprint(0, max(0, peak - model.backward_start_bytes), example_numels)
 
 
 def _estimated_seconds(report: PlanReport | None, phase: str) -> float | None:

@@ -25,6 +25,7 @@ from ..errors import BudgetError, ThrashError, format_bytes
 from .heuristics import Heuristic, evicted_neighbours, get_heuristic
 from .pool import CandidatePool
 from .records import EqClass, Operation, Storage
+from .window import MemoryWindow
 
 # The thrash guard only trips after this many rematerializations, so that one early recompute of an
 # expensive op (when little compute has run yet) does not count as thrashing.
@@ -187,6 +188,7 @@ class Engine:
         # step stays in overrun mode for everything else (a recompute beyond thrash_limit raises the budget).
         self._strict = False
         self.budget_asked: int | None = None  # the budget before overrun mode raised it, for error messages
+        self.windows: list[MemoryWindow] = []  # open memory windows (window.py), usually none or one or two
         self._ticks = 0  # for Storage.evictable_since
 
     # ------------------------------------------------------------------------------------ creation
@@ -222,6 +224,8 @@ class Engine:
                 if not storage.resident:  # a sibling's recompute may have brought it back
                     self._rematerialize(storage)
             self._make_room(out_bytes)
+            for window in self.windows:
+                window.running(out_bytes)
         except BaseException:
             for storage in inputs:
                 self._unlock(storage)
@@ -312,6 +316,16 @@ class Engine:
         for storage in [s for s in self.pool if s.handles <= 0 and not s.locks]:
             self._evict(storage, eager=True)
 
+    def open_window(self) -> MemoryWindow:
+        """Start counting what is allocated from now on apart from what was before (window.py)."""
+        window = MemoryWindow(self._next_sid)
+        self.windows.append(window)
+        return window
+
+    def close_window(self, window: MemoryWindow) -> None:
+        if window in self.windows:
+            self.windows.remove(window)
+
     def release(self, storage: Storage) -> None:
         """The caller took this storage's bytes out of the engine's hands (e.g. a gradient handed to the
         user at the end of a step): stop counting them and its handles. The record stays, evicted, for
@@ -378,25 +392,30 @@ class Engine:
             self.memory += storage.nbytes
             self._resident_count += 1
             self.peak = max(self.peak, self.memory)
+            for window in self.windows:
+                window.allocated(storage)
         # Evicting an empty storage frees nothing (and every heuristic divides by its size): never a candidate.
         if not storage.pinned and storage.counted and storage.producer is not None and storage.nbytes > 0:
             self.pool.add(storage)
             self._became_evictable(storage)
 
-    def _mark_evicted(self, storage: Storage) -> None:
-        """Bookkeeping of an eviction; the caller of this decides whether memory is freed."""
+    def _mark_evicted(self, storage: Storage, *, dead: bool = False) -> None:
+        """Bookkeeping of an eviction (`dead`: of a storage nothing holds any more); the caller of this decides
+        whether memory is freed."""
         storage.resident = False
         self.pool.discard(storage)
         if storage.counted:
             self.memory -= storage.nbytes
             self._resident_count -= 1
+            for window in self.windows:
+                window.freed(storage, dead=dead)
         storage.eq = EqClass(storage.cost, live=1 if storage.handles > 0 else 0)
         for neighbour in evicted_neighbours(storage):
             if neighbour.eq is not None:
                 storage.eq.union(neighbour.eq)
 
     def _evict(self, storage: Storage, *, eager: bool) -> None:
-        self._mark_evicted(storage)
+        self._mark_evicted(storage, dead=eager)
         if eager:
             self.eager_evictions += 1
         else:

@@ -25,7 +25,7 @@ inputs and outputs of the running op live together, its workspace while it runs,
 gradients to the end of the step, tangents from the backward's start to their last use):
     forward op i:  fixed memory of the traced forward at i + sum of kept k whose forward life ended before i
     slot s of t:   fixed memory of the backward's own values and tangents + sum of alive k (+ workspace)
-    the boundary:  the forward outputs, the tangents and the loss's tail (storage.loss_tail_bytes) + sum of kept k
+    the boundary:  the forward outputs and the loss's tail, tangents included (storage.Tail) + sum of kept k
 each <= the budget. Objective: the sum of R[t, j] x the modelled time of j.
 
 This space contains every plan the planner can make (it saves, drops, recomputes before a backward op and
@@ -43,7 +43,7 @@ import numpy as np
 from torch import fx
 
 from .schedule import JointFacts
-from .storage import StorageKey, loss_tail_bytes
+from .storage import StorageKey, assumed_tail
 
 __all__ = ["IlpSolution", "plan_peak", "solve_ilp"]
 
@@ -139,10 +139,13 @@ class _Model:
                 start[k], end[k] = t, T if k in forever else max(t, last_read.get(k, t))
         tangent_keys = {k for tangent in facts.tangents for k in facts.keys[tangent]}
         tangent_bytes = sum(nbytes[k] for k in tangent_keys)
-        # Between forward and backward: the outputs, the tangents and the eager code's tail (storage.py).
-        self.fixed_boundary = pinned_bytes + tangent_bytes + loss_tail_bytes(facts.tangents, tangent_bytes)
-        self.fixed_rc = [pinned_bytes] * T  # at the recompute slots of stage t
-        self.fixed_b = [pinned_bytes] * T  # at backward op t
+        # Between forward and backward: the outputs and the code there, its tangents included (storage.Tail);
+        # from the backward's start, what that code still holds beyond the tangents (outputs let go: negative).
+        tail = assumed_tail(facts.tangents, tangent_bytes)
+        self.fixed_boundary = pinned_bytes + tail.peak_bytes
+        held = pinned_bytes + tail.at_backward_bytes - tangent_bytes
+        self.fixed_rc = [held] * T  # at the recompute slots of stage t
+        self.fixed_b = [held] * T  # at backward op t
         for k, s in start.items():
             for t in range(max(s, 0), T):
                 if t > end[k]:

@@ -42,6 +42,7 @@ from .peak import PeakModel, schedule_peak
 from .planner import Plan, paused_gc, plan_schedule
 from .realize import pin_values_before_recomputes
 from .rewrite import emit_plan
+from .storage import TAIL_META_KEY, Tail
 
 try:  # Inductor's interface for custom partitioners (keys its caches by our uuid)
     from torch._inductor.custom_graph_pass import CustomPartitionerFn as _PartitionerBase
@@ -433,9 +434,11 @@ class DTRPartitioner(_PartitionerBase):
         codegen: str | None = None,
         model_scale: float = 1.0,
         memory_model: str | None = None,
+        tail: Tail | None = None,
     ) -> None:
         """`model_scale`: hold the modelled peak to this fraction of the budget (see plan_joint);
-        `memory_model`: see plan_joint (None: the one the code generator implies).
+        `memory_model`: see plan_joint (None: the one the code generator implies); `tail`: what the code between
+        the forward and the backward holds, as a step measured it (storage.Tail; None: the assumed one).
 
         `start_from_min_cut` (default): start from torch.compile's own partition (PyTorch's min-cut
         partitioner: cheap pointwise ops are recomputed in the backward from fewer saved values). With no
@@ -449,6 +452,7 @@ class DTRPartitioner(_PartitionerBase):
         self.codegen = codegen  # who compiles the split graphs; None: config.codegen when the graph is planned
         self.model_scale = model_scale
         self.memory_model = memory_model
+        self.tail = tail
         self.reports: list[PlanReport] = []
         self.times = CompileTimes()  # the region's first call (verify.py adds the compiles and measurements)
         # The region's first plan: read from the plan cache if kept there, else held to the calibrated fraction of
@@ -463,6 +467,10 @@ class DTRPartitioner(_PartitionerBase):
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         times = self.times
         times.plans += 1
+        if self.tail is not None:  # where every memory model reads it (storage.assumed_tail)
+            for node in gm.graph.find_nodes(op="placeholder"):
+                if node.name.startswith("tangents"):
+                    node.meta[TAIL_META_KEY] = self.tail
         clock = time.perf_counter()
         keep = min_cut = None
         if self.start_from_min_cut:
@@ -550,7 +558,8 @@ class DTRPartitioner(_PartitionerBase):
             return None
         codegen = self.codegen if self.codegen is not None else config.codegen
         return plan_cache.plan_key(
-            self.structure, (repr(budget), self.cost_mode, self.start_from_min_cut, codegen, _source_hash())
+            self.structure,
+            (repr(budget), self.cost_mode, self.start_from_min_cut, codegen, _source_hash(), repr(self.tail)),
         )
 
     def __deepcopy__(self, memo: dict) -> DTRPartitioner:
@@ -565,6 +574,7 @@ class DTRPartitioner(_PartitionerBase):
             "codegen": self.codegen,
             "model_scale": self.model_scale,
             "memory_model": self.memory_model,
+            "tail": self.tail,
             "reports": [],
         }
         return (DTRPartitioner, (self.budget,), state)
@@ -579,4 +589,5 @@ class DTRPartitioner(_PartitionerBase):
             self.codegen,
             self.model_scale,
             self.memory_model,
+            repr(self.tail),
         )

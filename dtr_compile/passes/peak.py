@@ -5,7 +5,7 @@ last use (exactly what the FX code generator does):
 - graph inputs are free (live before the step); tangents are allocated when the backward starts;
 - forward values saved for the backward live until their last backward use;
 - forward outputs live to the end of the step (the user holds them), and so do gradients;
-- between forward and backward, the eager code there (a loss) holds more: storage.loss_tail_bytes;
+- between forward and backward, the code there (a loss) holds more: storage.Tail, assumed or measured;
 - while an op runs, its inputs, its outputs and its kernel's workspace are live together.
 For Inductor (`inductor=True`) the pointwise ops it inlines into their reader allocate nothing, and
 pointwise ops run where their first reader needs them (inlining.py); this is close to, not exactly,
@@ -23,7 +23,7 @@ from torch import fx
 from .inlining import FUSED_RECOMPUTE, InlineDecider, inductor_inlined, is_pointwise, is_view, sunk_order
 from .meta import DTR_META_KEY
 from .rewrite import RECOMPUTE_META_KEY
-from .storage import StorageKey, StorageMap, loss_tail_bytes
+from .storage import StorageKey, StorageMap, assumed_tail
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class PeakModel:
     peak_node: fx.Node | None
     timeline: tuple[MemoryPoint, ...]
     saved_bytes: int  # bytes the forward leaves alive for the backward (saved values and outputs)
+    backward_start_bytes: int  # bytes live when the backward begins: those, the tail's (its tangents), less drops
 
 
 def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool | str = False) -> PeakModel:
@@ -114,23 +115,27 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool | 
 
     run(forward_ops, last_fwd, "forward", saved)
     saved_bytes = memory
+    # Saved values the backward never reads are dropped when the forward returns.
+    for key in list(live):
+        if key not in forever and key not in last_bwd:
+            live.discard(key)
+            memory -= counted(key)
+    forward_end = memory
     tangent_bytes = 0
     for tangent in tangents:
         for key in storages.keys[tangent]:
             if key not in live:
                 tangent_bytes += counted(key)
-            live.add(key)
-            memory += counted(key)
-    # Saved values the backward never reads are dropped when the forward returns.
-    for key in list(live):
-        if key not in forever and key not in last_bwd and key[0] not in tangents:
-            live.discard(key)
-            memory -= counted(key)
-    tail = memory + loss_tail_bytes(tangents, tangent_bytes)  # the eager code between forward and backward (storage.py)
-    if tail > peak:
-        peak, peak_node = tail, forward_ops[-1] if forward_ops else peak_node
+                live.add(key)
+                memory += counted(key)
+    # The code between forward and backward (a loss), its tangents included (storage.Tail).
+    tail = assumed_tail(tangents, tangent_bytes)
+    if forward_end + tail.peak_bytes > peak:
+        peak, peak_node = forward_end + tail.peak_bytes, forward_ops[-1] if forward_ops else peak_node
+    memory += tail.at_backward_bytes - tangent_bytes  # e.g. outputs the program let go before the backward
+    backward_start = memory
     run(backward_ops, last_bwd, "backward", set())
-    return PeakModel(peak, peak_node, tuple(timeline), saved_bytes)
+    return PeakModel(peak, peak_node, tuple(timeline), saved_bytes, backward_start)
 
 
 def _same_graph(a: fx.Node, b: fx.Node) -> bool:

@@ -24,7 +24,7 @@ from torch import fx
 
 from .inlining import FUSED_RECOMPUTE, InlineDecider, inline_kind, is_loop, is_pointwise, is_view, sunk_order
 from .meta import NodeCost, cost_of
-from .storage import RNG_STATE_INDEX, StorageKey, StorageMap, loss_tail_bytes, rng_state_nbytes
+from .storage import RNG_STATE_INDEX, StorageKey, StorageMap, assumed_tail, rng_state_nbytes
 
 Version = int  # 0 = the original computation of a node, k >= 1 = its k-th recomputation
 SimKey = tuple[StorageKey, Version]  # one storage of one version of a value
@@ -478,6 +478,11 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
 
     try:
         run(0, boundary, last_fwd, saved)
+        for key in list(live):  # saved values the backward never reads are dropped when the forward returns
+            if key not in forever and key not in last_bwd:
+                live.discard(key)
+                memory -= nbytes[key[0]]
+        forward_end = memory
         tangent_bytes = 0
         for tangent in facts.tangents:
             for k in facts.keys[tangent]:
@@ -485,16 +490,13 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
                     live.add((k, 0))
                     memory += nbytes[k]
                     tangent_bytes += nbytes[k]
-        tangent_keys = {(k, 0) for t in facts.tangents for k in facts.keys[t]}
-        for key in list(live):  # saved values the backward never reads are dropped when the forward returns
-            if key not in forever and key not in last_bwd and key not in tangent_keys:
-                live.discard(key)
-                memory -= nbytes[key[0]]
-        tail = memory + loss_tail_bytes(facts.tangents, tangent_bytes)  # the eager code between forward and backward (storage.py)
-        if tail > peak:
-            peak, peak_index = tail, max(boundary - 1, 0)
-            if tail > stop_above:
+        # The code between forward and backward (a loss), its tangents included (storage.Tail).
+        tail = assumed_tail(facts.tangents, tangent_bytes)
+        if forward_end + tail.peak_bytes > peak:
+            peak, peak_index = forward_end + tail.peak_bytes, max(boundary - 1, 0)
+            if peak > stop_above:
                 raise _OverLimit
+        memory += tail.at_backward_bytes - tangent_bytes
         run(boundary, len(keyed), last_bwd, set())
     except _OverLimit:
         complete = False

@@ -55,6 +55,33 @@ def loss_tail_bytes(tangents: Iterable[fx.Node], tangent_bytes: int) -> int:
     return LOSS_TAIL_TANGENTS * tangent_bytes + LOSS_TAIL_SCALAR_BYTES
 
 
+@dataclass(frozen=True)
+class Tail:
+    """What the code between a region's forward and its backward holds, in bytes above what the forward left
+    when it returned: at most (`peak_bytes`, the tangents it makes included) and when the backward begins
+    (`at_backward_bytes`: the tangents, less what the program dropped meanwhile, such as outputs it let go).
+    Assumed (`default_tail`) until a step under the runtime measures it (runtime/tails.py); a measured one is
+    put on the joint graph's tangent placeholders under TAIL_META_KEY, where every memory model reads it."""
+
+    peak_bytes: int
+    at_backward_bytes: int
+
+
+TAIL_META_KEY = "dtr_tail"
+
+
+def default_tail(tangents: Iterable[fx.Node], tangent_bytes: int) -> Tail:
+    tangents = list(tangents)
+    return Tail(tangent_bytes + loss_tail_bytes(tangents, tangent_bytes), tangent_bytes)
+
+
+def assumed_tail(tangents: Iterable[fx.Node], tangent_bytes: int) -> Tail:
+    """The tail every memory model plans for: the measured one on the tangents, else `default_tail`."""
+    tangents = list(tangents)
+    measured = next((t.meta[TAIL_META_KEY] for t in tangents if TAIL_META_KEY in t.meta), None)
+    return measured if measured is not None else default_tail(tangents, tangent_bytes)
+
+
 def rng_state_nbytes(node: fx.Node) -> int:
     """Bytes of the generator state `run_and_save_rng_state` saves for a random op on `node`'s device."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily

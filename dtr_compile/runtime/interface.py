@@ -22,6 +22,7 @@ from .handles import HandleCell, StorageIndex
 from .recipe import TorchExecutor
 from .recorder import TraceRecorder
 from .sizes import OutputSizer
+from .tails import TailMeter
 
 
 class RuntimeInterface(Protocol):
@@ -31,6 +32,7 @@ class RuntimeInterface(Protocol):
     index: StorageIndex  # torch storage -> its current engine version, and the handles on it
     constants: ConstantRegistry  # outside tensors (parameters, inputs) as pinned engine storages
     sizes: OutputSizer  # each call's predicted output bytes and workspace, cached by signature
+    tails: TailMeter  # measures what each region's loss holds between its forward and backward
     executor: TorchExecutor  # reruns recipes; counts compiled-region reruns and parts run op by op
     recorder: TraceRecorder | None  # the operation log, when one is recorded
     measure_costs: bool  # an op's cost to the engine is its measured time (else the roofline estimate)

@@ -43,6 +43,7 @@ from .recipe import TorchExecutor
 from .recorder import TraceRecorder
 from .saved import saved_tensor_hooks
 from .sizes import OutputSizer
+from .tails import TailMeter
 from .values import buffer
 
 _FROM_CONFIG: Any = object()  # default budget: dtr_compile.config.memory_budget at construction
@@ -134,6 +135,7 @@ class Runtime:
         if self.recorder is not None:
             weakref.finalize(self, self.recorder.close)
         self.index = StorageIndex(self.engine, self.recorder)
+        self.tails = TailMeter(self.engine)  # what each region's loss and later code hold (tails.py)
         self._log_cells: dict[int, HandleCell] = {}  # id(tensor) -> its handle, only while recording a log
         self._mode: DTRMode | None = None
         self._froze_gc = False  # whether begin_step froze the older objects (end_step unfreezes them)
@@ -198,6 +200,7 @@ class Runtime:
         # The budget bounds what the step allocates above what was live when it began.
         self._step_start_memory = self.engine.memory
         self.engine.peak = self.engine.memory
+        self.tails.begin_step()
         self.engine.budget_bytes = None if budget is None else budget + self._step_start_memory
         if self.recorder is not None:
             self.recorder.begin_step()

@@ -8,6 +8,8 @@ and the BudgetError named a floor (2.5 GiB) from running the backward op by op. 
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from torch import nn
@@ -61,3 +63,94 @@ def test_a_budget_below_the_floor_names_a_floor_that_runs() -> None:
     assert peak <= floor, f"the named floor {floor} B did not hold: measured {peak} B"
     for got, want in zip(grads, eager):
         torch.testing.assert_close(got, want)
+
+
+def _deep_model() -> nn.Module:
+    """Activations and parameter gradients dominate: the step's peak is in the backward, not in the loss."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Linear(64, 1024), nn.Tanh()]
+    for _ in range(4):
+        layers += [nn.Linear(1024, 1024), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(1024, VOCAB))
+
+
+@pytest.mark.parametrize("holds_outputs", [False, True])
+def test_the_first_step_measures_the_loss_and_the_region_plans_with_it(holds_outputs: bool) -> None:
+    """The first step measures what the loss holds after the forward (runtime/tails.py): here its log-softmax and
+    gradient (two logits' worth, 8 MiB), and at the backward's start the logits' gradient, less the logits when the
+    loop lets them go (`cross_entropy(compiled(x), y)`). The region plans again with that tail, and its modelled peak
+    is then the measured one; the assumed tail (one more logits' worth, the logits held) overstated it by 4 MiB."""
+    from dtr_compile.backend.region import Region
+    from dtr_compile.runtime.implicit import STEPS
+
+    model = _deep_model()
+    x, y = _batch()
+    logits = BATCH * VOCAB * 4
+    torch._dynamo.reset()
+    budget = 40_000_000  # above the no-remat peak: the plans recompute nothing, so the model's peak is the step's
+    with dtr_compile.config.patch(memory_budget=budget, codegen="fx"):
+        compiled = torch.compile(model, backend="dtr")
+        held = []
+
+        def step() -> None:
+            if holds_outputs:
+                held.append(compiled(x))
+                nn.functional.cross_entropy(held[-1], y).backward()
+            else:
+                nn.functional.cross_entropy(compiled(x), y).backward()
+
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            held.clear()
+            _, measured = measure_peak(step)
+        learned_tails = STEPS.here.runtime.tails.learned
+    regions = [r for r in gc.get_objects() if type(r) is Region and r.name in learned_tails]
+    region = max(regions, key=lambda r: int(r.name.removeprefix("region")))  # this test's: the newest
+    learned = learned_tails[region.name]
+    assert learned.peak_bytes == 2 * logits
+    assert learned.at_backward_bytes == (logits if holds_outputs else 0)
+    first, last = region.reports[0], region.reports[-1]
+    assert abs(last.no_remat.peak_bytes - measured.peak_bytes) <= 0.01 * measured.peak_bytes, (
+        last.no_remat.peak_bytes, measured.peak_bytes)
+    if holds_outputs:
+        assert len(region.reports) == 1  # the assumed tail was right to within TAIL_TOLERANCE: no new plan
+    else:
+        assert first.no_remat.peak_bytes - last.no_remat.peak_bytes == logits
+
+
+class _Broken(nn.Module):
+    """Two compiled regions: a graph break between the layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(64, 256), nn.Linear(256, VOCAB)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.first(x))
+        torch._dynamo.graph_break()
+        return self.second(h)
+
+
+def test_regions_that_share_their_step_keep_the_assumed_tail() -> None:
+    """The first region's tail holds the second region's forward and backward, which the second region's own plan
+    decides under the same budget: counted in the first's tail they would count twice. And between the regions the
+    runtime evicts and recomputes their outputs, where a new plan perturbs its choices (runtime/tails.py). So neither
+    learns its tail: both keep the assumed one and plan once."""
+    from dtr_compile.backend.region import Region
+    from dtr_compile.runtime.implicit import STEPS
+
+    torch.manual_seed(0)
+    model = _Broken()
+    x, y = _batch()
+    torch._dynamo.reset()
+    with dtr_compile.config.patch(memory_budget=40_000_000, codegen="fx"):
+        compiled = torch.compile(model, backend="dtr")
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(compiled(x), y).backward()
+        tails = STEPS.here.runtime.tails
+    regions = sorted((r for r in gc.get_objects() if type(r) is Region and tails.decided(r.name)),
+                     key=lambda r: int(r.name.removeprefix("region")))
+    for region in regions[-2:]:
+        assert region.name in tails.spanned and region.name not in tails.learned
+        assert len(region.reports) == 1, region.name
