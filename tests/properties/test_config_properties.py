@@ -46,13 +46,15 @@ def test_every_flag_value_is_accepted_or_a_config_error(name: str, value) -> Non
 
 @settings(max_examples=400, deadline=None)
 @given(value=VALUES | NUMBER_TEXT)
-def test_a_budget_is_none_bytes_or_a_fraction_and_parsing_is_idempotent(value) -> None:
+def test_a_budget_is_none_bytes_a_fraction_or_auto_and_parsing_is_idempotent(value) -> None:
     try:
         budget = config.parse_budget(value)
     except ConfigError:
         return
     if isinstance(budget, float):
         assert 0 < budget <= 1 and math.isfinite(budget)
+    elif isinstance(budget, str):
+        assert budget == "auto"  # the device's free memory at each step (auto_budget.py)
     elif budget is not None:
         assert type(budget) is int and 1 <= budget <= config.MAX_BYTES
     assert config.parse_budget(budget) == budget
