@@ -9,15 +9,35 @@ the step that allocates them measures more than every later step (an 8-layer MLP
 each rank), so a fraction of it let every later step run 1.18x over the fraction of their own peak. The step in
 which DDP rebuilds its buckets therefore does not calibrate a fraction; the next whole step does.
 
-FSDP2 (`fully_shard`) is refused under a budget, with `UnsupportedWrapperError`, because it gives wrong
-gradients. FSDP2 gathers each block's parameters before its forward and frees them after it
-(`reshard_after_forward=True`, the default), and it does both by resizing the parameters' storages
-(`UntypedStorage.resize_`). The runtime's dispatch mode does not see those resizes. A recompute of a block's
-forward during the backward of a later block then reads parameters FSDP2 has already freed. Measured with the
-8-block MLP of tests/distributed at 0.6 on 2 gloo ranks: NaN gradients. With `reshard_after_forward=False` the
-gradients are right, but the gathered parameters (2.0 MB there) are still allocated inside the step where the
-runtime cannot see them, so the step measured 7.35 MB against a runtime budget of 5.35 MB (1.11x the
-fraction). With no budget, FSDP2 under `backend="dtr"` runs as under torch.compile.
+FSDP2 (`fully_shard` on each block, then the root, then `torch.compile(model, backend="dtr")`) runs under a
+budget with nothing to change but the backend name. FSDP2 gathers each block's parameters before its forward and
+frees them after it (`reshard_after_forward=True`, the default), and gathers them again before its backward; it
+frees and refills them by resizing their storages (`UntypedStorage.resize_`), which the runtime's dispatch mode
+does not see. Three things follow, each handled here (`Fsdp2Params`, made for a model when its budgeted step
+begins: `BucketWatch`) and in runtime/constants.py and runtime/recipe.py:
+  - A recompute may read parameters FSDP2 has freed: the runtime evicts a block's output in the forward and the
+    backward of the next block needs it back (before, that read freed memory: NaN gradients at 0.6 with the
+    8-block MLP of tests/distributed on 2 gloo ranks). Before every recompute the runtime checks the storages of
+    the outside tensors it reads; a freed FSDP2 parameter is brought back (`Fsdp2Params.regather`): if FSDP2's
+    backward prefetch has already all-gathered its group, the copy-out is done early; otherwise the runtime
+    all-gathers the group itself and reshards it after the recompute. That is a collective: it is safe because
+    every rank's runtime makes the same decisions at the same point (same shapes, same ops, estimated costs, one
+    seed); where they may not (`cost_mode="measure"`, `memory_budget="auto"`: `deterministic_runtime`), it raises
+    `UnsupportedWrapperError` saying so instead. A collective is never rerun (recipe.py), and FSDP2's refill of a
+    parameter is no mutation (no snapshot of the freshly allocated bytes is taken: constants.py).
+  - The gathered parameters are allocated outside any aten call: from the step's first refill to its end, the
+    step counts what they can occupy at once (`Fsdp2Params.reserve_bytes`: the groups that stay gathered, the
+    root's, whole; two of the others, one running and one prefetched or regathered). Regions are planned against
+    what is left, and a fraction's calibration step counts them too.
+  - gloo's all-gather and reduce-scatter stage their tensors in flat buffers: counted as the ops' workspace
+    (runtime/workspace.py).
+Measured with that MLP on 2 gloo ranks (tests/distributed/test_fsdp2.py), per rank: gradients equal the no-budget
+run's (difference 0.0); at 0.6 the step measured 6.05 MB against 0.6 x 9.44 MB (1.067x; the runtime's own
+budget 5.82 MB, its peak 5.77 MB): under the runtime, gloo's reduce-scatter staging buffers (one unsharded
+gradient per block) stay allocated until the step ends (1.6 MB of them at the peak; without the runtime at most
+two at a time), for a reason not found yet, and are not counted. Counting them in the step until its end held
+the measurement but left even 0.6 infeasible. At 0.5 the step raises BudgetError naming its floor (0.54 of the
+reference; the single-rank MLP reaches 0.45).
 
 Nothing here imports torch.distributed unless it is available and initialized.
 """
@@ -31,7 +51,7 @@ import torch
 
 from .errors import DTRError
 
-__all__ = ["BucketWatch", "UnsupportedWrapperError", "ddp_module", "fsdp2_modules"]
+__all__ = ["BucketWatch", "Fsdp2Params", "UnsupportedWrapperError", "ddp_module", "fsdp2_modules", "fsdp2_params"]
 
 
 class UnsupportedWrapperError(DTRError):
@@ -62,31 +82,164 @@ def fsdp2_modules(owner: Any) -> list[torch.nn.Module]:
     return [m for m in owner.modules() if isinstance(m, FSDPModule)]
 
 
-def refuse_fsdp2(owner: Any) -> None:
-    """Raise `UnsupportedWrapperError` if a budgeted step of `owner` would run FSDP2 (see the module docstring)."""
-    if owner in _FSDP2_CHECKED:
-        return
-    if fsdp2_modules(owner):
-        raise UnsupportedWrapperError(
-            "FSDP2 (torch.distributed.fsdp.fully_shard) is not supported under a memory budget yet: FSDP2 "
-            "gathers and frees each block's parameters by resizing their storages, which the runtime cannot "
-            "see, and a rematerialized block would read freed parameters (wrong gradients). Set "
-            "dtr_compile.config.memory_budget = None for FSDP2 models (backend='dtr' then compiles as "
-            "torch.compile does), or use DistributedDataParallel, which is supported under a budget."
-        )
-    if isinstance(owner, torch.nn.Module):
-        _FSDP2_CHECKED.add(owner)  # the check walks a model's modules once, not every step
+class Fsdp2Params:
+    """The parameters FSDP2 gathers and frees behind the runtime's back, for one model (see the module docstring).
+
+    `group_of(untyped)`: the FSDPParamGroup whose unsharded parameters live in that torch storage, or None.
+    `regather(untyped)`: bring a freed parameter's bytes back without a collective of this rank's own: FSDP2's
+    backward prefetch has already all-gathered the group (every rank issued it); its copy-out is done now instead of
+    at the group's pre-backward, which then finds it done. `reserve_bytes`: what the gathered parameters can
+    occupy at once, counted in the step."""
+
+    def __init__(self, modules: list[torch.nn.Module]) -> None:
+        groups: list[Any] = []
+        for module in modules:
+            state = module._get_fsdp_state()  # type: ignore[operator]
+            for group in getattr(state, "_fsdp_param_groups", ()):
+                if group not in groups:
+                    groups.append(group)
+        self.groups = groups
+        self.root = modules[0] if modules else None
+        self._by_storage: dict[int, Any] = {}
+        self.gathers = 0  # all-gathers the runtime ran itself (`regather`), for tests and reports
+        self.early_copy_outs = 0  # prefetched all-gathers the runtime copied out before FSDP2 did (`regather`)
+        self.reserve_bytes = self._reserve_bytes()
+
+    @staticmethod
+    def unsharded_bytes(group: Any) -> int:
+        total = 0
+        for param in group.fsdp_params:
+            dtype = param.param_dtype or param.orig_dtype
+            total += param._orig_size.numel() * dtype.itemsize
+        return total
+
+    def _reserve_bytes(self) -> int:
+        """Groups that stay gathered from their forward to their backward (the root's, and any with
+        `reshard_after_forward=False` or a post-forward mesh) count whole; of the others, two can be gathered at
+        once (one running, the next one prefetched in the backward, or regathered early by a recompute)."""
+        held, resharding = 0, []
+        for group in self.groups:
+            nbytes = self.unsharded_bytes(group)
+            is_root = self.root is not None and any(m is self.root for m in group.modules)
+            if is_root or not group._reshard_after_forward or group._use_post_forward_mesh:
+                held += nbytes
+            else:
+                resharding.append(nbytes)
+        return held + sum(sorted(resharding)[-2:])
+
+    def group_of(self, untyped: torch.UntypedStorage) -> Any:
+        key = untyped._cdata
+        if key not in self._by_storage:
+            self._refresh()
+        return self._by_storage.get(key)
+
+    def _refresh(self) -> None:
+        """FSDP2 makes its unsharded tensors at a group's first all-gather and keeps them (resized to 0 bytes
+        when freed): their storages are looked up again when an unknown one is asked about."""
+        for group in self.groups:
+            for param in group.fsdp_params:
+                tensors = list(param.all_gather_outputs)
+                if hasattr(param, "_unsharded_param"):
+                    unsharded = param._unsharded_param
+                    tensors.append(unsharded.to_local() if hasattr(unsharded, "to_local") else unsharded)
+                for tensor in tensors:
+                    self._by_storage[tensor.untyped_storage()._cdata] = group
+
+    def regather(self, untyped: torch.UntypedStorage, *, gather: bool) -> Any:
+        """Bring back the bytes of `untyped` (a freed unsharded parameter). Returns None if it cannot; else its
+        group, or True if that group stays gathered for FSDP2's own use (nothing to undo).
+
+        If FSDP2's backward prefetch has already issued the group's all-gather, its copy-out is done now instead
+        of at the group's pre-backward (which then finds it done). Otherwise, with `gather`, the group is
+        all-gathered here, a collective: every rank's runtime makes the same decisions at the same point (same
+        shapes, same ops, estimated costs, the same seed: see `deterministic`), so every rank gathers with it."""
+        group = self.group_of(untyped)
+        if group is None:
+            return None
+        if group._all_gather_result is not None:
+            group.wait_for_unshard()
+            self.early_copy_outs += 1
+            return True if untyped.nbytes() > 0 else None
+        if not gather:
+            return None
+        group.unshard()
+        group.wait_for_unshard()
+        self.gathers += 1
+        return group if untyped.nbytes() > 0 else None
 
 
-_FSDP2_CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()
+def deterministic_runtime() -> str | None:
+    """Why the runtime's eviction decisions may differ between ranks (so it must not run a collective of its
+    own), or None: they are functions of shapes, the op sequence and the seed alone."""
+    from . import config
+
+    if config.cost_mode == "measure":
+        return "config.cost_mode = 'measure' (measured op times differ between ranks)"
+    if config.memory_budget == "auto":
+        return "memory_budget = 'auto' (each rank's free device memory differs)"
+    return None
+
+
+def refuse_freed_read(untyped: torch.UntypedStorage, op_name: str, fsdp: Fsdp2Params | None) -> Any:
+    """A recompute of `op_name` reads an outside tensor whose bytes were freed behind the runtime's back: bring
+    them back (`Fsdp2Params.regather`; returns what it returned) or raise. Never computes on freed memory."""
+    why = deterministic_runtime()
+    if fsdp is not None:
+        regathered = fsdp.regather(untyped, gather=why is None)
+        if regathered is not None:
+            return regathered
+    owned = fsdp is not None and fsdp.group_of(untyped) is not None
+    reason = (
+        f"parameters FSDP2 (fully_shard) has resharded, which the runtime may gather again only where every rank "
+        f"decides alike, not with {why}" if owned and why is not None
+        else "a tensor whose memory was freed outside the runtime (its storage was resized to 0 bytes)"
+    )
+    raise UnsupportedWrapperError(
+        f"a recompute of {op_name} needs {reason}. Raise dtr_compile.config.memory_budget, or change what the "
+        "message names."
+    )
+
+
+def refuse_collective_rerun(op_name: str) -> None:
+    """A recompute would rerun a collective on this rank alone (the other ranks would never join it)."""
+    raise UnsupportedWrapperError(
+        f"dtr_compile would have to rerun the collective {op_name} to recompute a value it evicted, on this rank "
+        "alone. Raise dtr_compile.config.memory_budget."
+    )
+
+
+def fsdp2_params(owner: Any) -> Fsdp2Params | None:
+    """The `Fsdp2Params` of `owner`'s FSDP2 modules (made once per model), or None without FSDP2."""
+    if owner in _NO_FSDP2:
+        return None
+    found = _FSDP2.get(owner) if isinstance(owner, torch.nn.Module) else None
+    if found is None:
+        modules = fsdp2_modules(owner)
+        if not modules:
+            if isinstance(owner, torch.nn.Module):
+                _NO_FSDP2.add(owner)  # the check walks a model's modules once, not every step
+            return None
+        found = Fsdp2Params(modules)
+        if isinstance(owner, torch.nn.Module):
+            _FSDP2[owner] = found
+    return found
+
+
+_FSDP2: weakref.WeakKeyDictionary[Any, Fsdp2Params] = weakref.WeakKeyDictionary()
+_NO_FSDP2: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class BucketWatch:
     """Watches one step of `owner`: `rebuilt()` says whether DDP rebuilt its gradient buckets during it.
-    Made when a budgeted step begins; refuses FSDP2 there (`refuse_fsdp2`)."""
+    Made when a budgeted step begins (runtime/implicit.py), before the step's runtime begins it; tells that
+    runtime which outside tensors FSDP2 frees and gathers behind its back (`Fsdp2Params`)."""
 
     def __init__(self, owner: Any) -> None:
-        refuse_fsdp2(owner)
+        from .runtime.implicit import STEPS
+
+        runtime = STEPS.here.runtime  # the runtime of the step about to begin (ThreadSteps.begin)
+        if runtime is not None:
+            runtime.constants.owner = fsdp2_params(owner)
         self._ddp = ddp_module(owner)
         self._before = self._state()
 

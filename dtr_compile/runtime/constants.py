@@ -6,6 +6,14 @@ not counted). One record per underlying storage, so `W` and a view of it share o
 When an op mutates such a tensor in place (BatchNorm's running statistics, an optimizer step inside
 the context), a recorded op that read the old value may still need to be recomputed. Then the old
 value is snapshotted first and those ops are pointed at the snapshot; otherwise the mutation is free.
+
+Some outside tensors have an owner that frees and refills their bytes behind the runtime's back: FSDP2 resizes
+its unsharded parameters' storages to 0 after a block's forward and gathers them again before its backward
+(dtr_compile/distributed.py). Such a refill writes the same values back, so it is no mutation: nothing is
+snapshotted (a snapshot would copy the freshly allocated, unwritten bytes). A recompute that reads such a tensor
+while it is freed asks the owner for its bytes or raises (recipe.py, `restore_freed`); and the bytes the owner
+gathers, which no aten call allocates, are counted from its first refill in the step to the step's end
+(`owner.reserve_bytes`).
 """
 
 from __future__ import annotations
@@ -46,6 +54,11 @@ class ConstantRegistry:
         self._entries: dict[int, ConstantEntry] = {}
         self.snapshot_bytes = 0
         self._grad_hooks: dict[int, Any] = {}  # id(leaf) -> hook handle, removed when the step ends
+        self.owner: Any = None  # of outside tensors freed and refilled behind the runtime (distributed.Fsdp2Params)
+        self._owner_reserve: Storage | None = None  # the bytes the owner gathers, counted in this step
+        self._held_to_end: list[Storage] = []  # bytes allocated outside aten calls, counted until the step ends
+        if hasattr(engine.executor, "restore_freed"):  # the torch executor asks before a recompute (recipe.py)
+            engine.executor.restore_freed = self.restore_freed
 
     def watch_gradient(self, tensor: torch.Tensor) -> None:
         """Pin the gradient autograd accumulates into `tensor` (a parameter or an input leaf).
@@ -64,6 +77,12 @@ class ConstantRegistry:
         self._grad_hooks[id(tensor)] = tensor.register_post_accumulate_grad_hook(pin_gradient)
 
     def end_step(self) -> None:
+        if self._owner_reserve is not None:
+            self._held_to_end.append(self._owner_reserve)
+            self._owner_reserve = None
+        for storage in self._held_to_end:
+            self.engine.release(storage)
+        self._held_to_end.clear()
         for handle in self._grad_hooks.values():
             handle.remove()
         self._grad_hooks.clear()
@@ -117,6 +136,9 @@ class ConstantRegistry:
         entry = self.entry_of(storage)
         if entry is None:
             return None
+        if self.owner is not None and self.owner.group_of(buffer(storage).untyped) is not None:
+            self._count_owner_bytes()
+            return None  # the owner refills what it freed: the same values (see the module docstring)
         if not (op_has_fresh_outputs or any(_may_be_recomputed(op) for op in list(entry.consumers))):
             return None
         old = buffer(storage)
@@ -128,6 +150,30 @@ class ConstantRegistry:
         entry.consumers = weakref.WeakSet()
         entry.values.clear()
         return storage
+
+    def _count_owner_bytes(self) -> None:
+        """From the owner's first refill of the step on, its gathered bytes are counted (they are not seen as
+        they come and go: they are resized in, not allocated by an aten call)."""
+        nbytes = self.owner.reserve_bytes
+        if self._owner_reserve is not None or nbytes <= 0:
+            return
+        self._owner_reserve = self.hold_to_end(nbytes, "gathered parameters")
+
+    def hold_to_end(self, nbytes: int, name: str) -> Storage:
+        """Count `nbytes` the step holds outside any aten call (room made first) until the step ends."""
+        self.engine.reserve([], nbytes, name)
+        self.engine.abandon([])
+        storage = self.engine.constant(nbytes, counted=True)
+        self._held_to_end.append(storage)
+        return storage
+
+    def restore_freed(self, storage: Storage, op_name: str) -> Any:
+        """A recompute of `op_name` reads `storage`, an outside tensor whose bytes were freed behind the runtime's
+        back: its owner brings them back, or this raises (distributed.refuse_freed_read). Returns what to give
+        back once the recompute ran (an FSDP2 group gathered for it alone), or a true non-group value."""
+        from ..distributed import refuse_freed_read
+
+        return refuse_freed_read(buffer(storage).untyped, op_name, self.owner)
 
     def _register(self, tensor: torch.Tensor, key: int) -> ConstantEntry:
         untyped = tensor.untyped_storage()

@@ -5,11 +5,17 @@ the RNG state it started from when the op is random (so dropout recomputes the f
 where each engine output storage comes from in the call's results. Arguments the op mutates are
 cloned before a rerun: a recompute must never repeat a side effect (BatchNorm's running statistics)
 and an in-place op's new storage version is built on a copy of the old version.
+
+A rerun reads what its op read, and some of it may not be there any more: an outside tensor whose owner freed
+its bytes behind the runtime's back (FSDP2's resharded parameters: constants.py) is brought back by that owner
+or the rerun raises, and a collective (a `c10d` op: all ranks must run it together) is never rerun on one rank.
+Both raise `dtr_compile.distributed.UnsupportedWrapperError`, never compute on freed memory or hang.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +145,30 @@ class Recipe:
             buffer(storage).fill(fresh)
 
 
+def _check_readable(recipe: Recipe, op: Operation, restore_freed: Callable[[Storage, str], Any] | None) -> list[Any]:
+    """Refuse a rerun of a collective, and have freed outside tensors the rerun reads brought back (see the
+    module docstring); returns the FSDP2 groups gathered for this rerun alone, to reshard after it."""
+    gathered: list[Any] = []
+    if getattr(recipe.func, "namespace", None) == "c10d":
+        from ..distributed import refuse_collective_rerun
+
+        refuse_collective_rerun(op.name)
+    for leaf in recipe.leaves:
+        if type(leaf) is not TensorValue or leaf.storage.producer is not None:
+            continue
+        untyped = buffer(leaf.storage).untyped
+        if untyped is None or untyped.nbytes() >= leaf.storage.nbytes:
+            continue
+        if restore_freed is None:
+            from ..distributed import refuse_freed_read
+
+            refuse_freed_read(untyped, op.name, None)
+        group = restore_freed(leaf.storage, op.name)  # type: ignore[misc]
+        if group is not True and group not in gathered:
+            gathered.append(group)
+    return gathered
+
+
 class TorchExecutor:
     """The engine's callbacks for torch: rerun a recipe, free a version's bytes; times and counts them."""
 
@@ -148,10 +178,17 @@ class TorchExecutor:
         self.region_remats = 0  # reruns of compiled code
         self.kernel_remats = 0  # of those, as one Triton kernel
         self.parts_op_by_op = 0  # compiled parts run op by op because they did not fit as one operation
+        # Brings back an outside tensor freed behind the runtime's back (ConstantRegistry.restore_freed).
+        self.restore_freed: Callable[[Storage, str], Any] | None = None
 
     def recompute(self, op: Operation) -> None:
         start = time.perf_counter()
-        op.payload.rerun(op)
+        gathered = _check_readable(op.payload, op, self.restore_freed)
+        try:
+            op.payload.rerun(op)
+        finally:
+            for group in gathered:
+                group.reshard()  # gathered for this recompute alone (distributed.Fsdp2Params.regather)
         self.recompute_seconds += time.perf_counter() - start
         if op.payload.compiled:
             self.region_remats += 1

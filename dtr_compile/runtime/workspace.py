@@ -64,6 +64,12 @@ _CPU_WORKSPACE: dict[Any, Callable[[tuple, int], int]] = {
     _aten._softmax.default: lambda args, fresh: fresh,
     _aten._log_softmax.default: lambda args, fresh: fresh,
 }
+# Collectives of the gloo backend (CPU) stage their tensors through a flat buffer the size of the gathered output
+# or of the reduced input (measured for both on 2 ranks; FSDP2 issues these two: its all-gather and its gradient
+# reduce-scatter, distributed.py).
+_c10d = torch.ops.c10d
+_CPU_WORKSPACE[_c10d._allgather_base_.default] = lambda args, fresh: _bytes(args[0])
+_CPU_WORKSPACE[_c10d._reduce_scatter_base_.default] = lambda args, fresh: _bytes(args[1])
 if hasattr(_aten, "_scaled_dot_product_flash_attention_for_cpu"):
     _CPU_WORKSPACE[_aten._scaled_dot_product_flash_attention_for_cpu.default] = _flash_forward
     _CPU_WORKSPACE[_aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _flash_backward

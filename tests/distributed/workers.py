@@ -32,6 +32,7 @@ class Spec:
     codegen: str = "fx"
     steps: int = STEPS
     options: dict = field(default_factory=dict)
+    infeasible_ok: bool = False  # a budget whose steps raise BudgetError is reported (its named floor), not raised
 
 
 def measured_from(spec: Spec) -> int:
@@ -120,6 +121,8 @@ def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
 
 def train_steps(rank: int, world: int, spec: Spec) -> dict[Any, dict[str, Any]]:
     import dtr_compile
+    from dtr_compile.distributed import fsdp2_params
+    from dtr_compile.errors import BudgetError
     from dtr_compile.measure import measure_peak
     from dtr_compile.runtime import finish_steps
     from dtr_compile.runtime.implicit import implicit_runtime
@@ -136,12 +139,21 @@ def train_steps(rank: int, world: int, spec: Spec) -> dict[Any, dict[str, Any]]:
         peaks: list[int] = []
         with dtr_compile.config.patch(memory_budget=budget, codegen=spec.codegen):
             compiled = torch.compile(wrapped, backend="dtr")
-            for i in range(spec.steps if budget is not None else measured_from(spec)):
-                model.zero_grad(set_to_none=True)
-                torch.manual_seed(i)
-                peaks.append(measure_peak(lambda c=compiled: loss_of(c).backward())[1].peak_bytes)
+            try:
+                for i in range(spec.steps if budget is not None else measured_from(spec)):
+                    model.zero_grad(set_to_none=True)
+                    torch.manual_seed(i)
+                    peaks.append(measure_peak(lambda c=compiled: loss_of(c).backward())[1].peak_bytes)
+            except BudgetError as error:
+                if not spec.infeasible_ok or budget is None:
+                    raise
+                finish_steps()
+                results[run] = {"peaks": peaks, "error": str(error), "floor": error.smallest_feasible_bytes,
+                                "budget_bytes": error.budget_bytes}
+                continue
             finish_steps()
         grads = _grads(model)
+        fsdp = fsdp2_params(compiled) if budget is not None else None
         stats = implicit_runtime().stats() if budget is not None else None
         if reference is None:
             reference = grads
@@ -150,53 +162,13 @@ def train_steps(rank: int, world: int, spec: Spec) -> dict[Any, dict[str, Any]]:
             "peaks": peaks,
             "budget_bytes": None if stats is None else stats.budget_bytes,
             "evictions": None if stats is None else stats.evictions,
+            "runtime_peak": None if stats is None else stats.peak_bytes,
             "grad_diff": diff,
             "grad_scale": max(g.abs().max().item() for g in reference if g is not None),
             "grad_checksum": sum(float(g.double().sum()) for g in grads if g is not None),
             "missing_grads": sum(g is None for g in grads),
+            "early_copy_outs": None if fsdp is None else fsdp.early_copy_outs,
+            "gathers": None if fsdp is None else fsdp.gathers,
+            "rematerializations": None if stats is None else stats.rematerializations,
         }
     return results
-
-
-def fsdp2_under_dtr(rank: int, world: int, spec: Spec) -> dict[str, Any]:
-    """FSDP2 compiled with `backend="dtr"`: with no budget, the gradients of eager FSDP2; with a budget, the
-    step refuses with `UnsupportedWrapperError` (dtr_compile/distributed.py) and leaves no runtime state."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    import dtr_compile
-    from dtr_compile.distributed import UnsupportedWrapperError
-    from dtr_compile.runtime import finish_steps
-    from dtr_compile.runtime.dispatch import DTRMode
-
-    base, loss_of = build(spec, rank)
-    grads = {}
-    for name in ("eager", "dtr"):
-        torch._dynamo.reset()
-        model = copy.deepcopy(base)
-        wrapped = wrap(spec, model)
-        runner = wrapped if name == "eager" else torch.compile(wrapped, backend="dtr")
-        with dtr_compile.config.patch(memory_budget=None, codegen=spec.codegen):
-            for i in range(2):
-                model.zero_grad(set_to_none=True)
-                torch.manual_seed(i)
-                loss_of(runner).backward()
-        grads[name] = _grads(model)
-    diff = max((a - b).abs().max().item() for a, b in zip(grads["dtr"], grads["eager"]))
-    torch._dynamo.reset()
-    model = copy.deepcopy(base)
-    compiled = torch.compile(wrap(spec, model), backend="dtr")
-    error = ""
-    with dtr_compile.config.patch(memory_budget=spec.budgets[0], codegen=spec.codegen):
-        try:
-            loss_of(compiled).backward()
-        except UnsupportedWrapperError as exc:
-            error = str(exc)
-    finish_steps()
-    left = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, DTRMode)]
-    return {
-        "grad_diff": diff,
-        "grad_scale": max(g.abs().max().item() for g in grads["eager"]),
-        "error": error,
-        "modes_left": len(left),
-        "python_key": torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.Python),
-    }
