@@ -22,8 +22,8 @@ begins: `BucketWatch`) and in runtime/constants.py and runtime/recipe.py:
     backward prefetch has already all-gathered its group, the copy-out is done early; otherwise the runtime
     all-gathers the group itself and reshards it after the recompute. That is a collective: it is safe because
     every rank's runtime makes the same decisions at the same point (same shapes, same ops, estimated costs, one
-    seed); where they may not (`cost_mode="measure"`, `memory_budget="auto"`: `deterministic_runtime`), it raises
-    `UnsupportedWrapperError` saying so instead. A collective is never rerun (recipe.py), and FSDP2's refill of a
+    seed); where they may not (`cost_mode="measure"`, `memory_budget="auto"`: `deterministic_runtime` in
+    runtime/constants.py), it raises `UnsupportedWrapperError` saying so instead. A collective is never rerun (recipe.py), and FSDP2's refill of a
     parameter is no mutation (no snapshot of the freshly allocated bytes is taken: constants.py).
   - The gathered parameters are allocated outside any aten call: from the step's first refill to its end, the
     step counts what they can occupy at once (`Fsdp2Params.reserve_bytes`: the groups that stay gathered, the
@@ -49,13 +49,9 @@ from typing import Any
 
 import torch
 
-from .errors import DTRError
+from .errors import UnsupportedWrapperError
 
 __all__ = ["BucketWatch", "Fsdp2Params", "UnsupportedWrapperError", "ddp_module", "fsdp2_modules", "fsdp2_params"]
-
-
-class UnsupportedWrapperError(DTRError):
-    """A distributed wrapper that `backend="dtr"` cannot yet keep under a memory budget."""
 
 
 def ddp_module(owner: Any) -> Any:
@@ -168,46 +164,6 @@ class Fsdp2Params:
         return group if untyped.nbytes() > 0 else None
 
 
-def deterministic_runtime() -> str | None:
-    """Why the runtime's eviction decisions may differ between ranks (so it must not run a collective of its
-    own), or None: they are functions of shapes, the op sequence and the seed alone."""
-    from . import config
-
-    if config.cost_mode == "measure":
-        return "config.cost_mode = 'measure' (measured op times differ between ranks)"
-    if config.memory_budget == "auto":
-        return "memory_budget = 'auto' (each rank's free device memory differs)"
-    return None
-
-
-def refuse_freed_read(untyped: torch.UntypedStorage, op_name: str, fsdp: Fsdp2Params | None) -> Any:
-    """A recompute of `op_name` reads an outside tensor whose bytes were freed behind the runtime's back: bring
-    them back (`Fsdp2Params.regather`; returns what it returned) or raise. Never computes on freed memory."""
-    why = deterministic_runtime()
-    if fsdp is not None:
-        regathered = fsdp.regather(untyped, gather=why is None)
-        if regathered is not None:
-            return regathered
-    owned = fsdp is not None and fsdp.group_of(untyped) is not None
-    reason = (
-        f"parameters FSDP2 (fully_shard) has resharded, which the runtime may gather again only where every rank "
-        f"decides alike, not with {why}" if owned and why is not None
-        else "a tensor whose memory was freed outside the runtime (its storage was resized to 0 bytes)"
-    )
-    raise UnsupportedWrapperError(
-        f"a recompute of {op_name} needs {reason}. Raise dtr_compile.config.memory_budget, or change what the "
-        "message names."
-    )
-
-
-def refuse_collective_rerun(op_name: str) -> None:
-    """A recompute would rerun a collective on this rank alone (the other ranks would never join it)."""
-    raise UnsupportedWrapperError(
-        f"dtr_compile would have to rerun the collective {op_name} to recompute a value it evicted, on this rank "
-        "alone. Raise dtr_compile.config.memory_budget."
-    )
-
-
 def fsdp2_params(owner: Any) -> Fsdp2Params | None:
     """The `Fsdp2Params` of `owner`'s FSDP2 modules (made once per model), or None without FSDP2."""
     if owner in _NO_FSDP2:
@@ -234,11 +190,8 @@ class BucketWatch:
     Made when a budgeted step begins (runtime/implicit.py), before the step's runtime begins it; tells that
     runtime which outside tensors FSDP2 frees and gathers behind its back (`Fsdp2Params`)."""
 
-    def __init__(self, owner: Any) -> None:
-        from .runtime.implicit import STEPS
-
-        runtime = STEPS.here.runtime  # the runtime of the step about to begin (ThreadSteps.begin)
-        if runtime is not None:
+    def __init__(self, owner: Any, runtime: Any = None) -> None:
+        if runtime is not None:  # the runtime of the step about to begin
             runtime.constants.owner = fsdp2_params(owner)
         self._ddp = ddp_module(owner)
         self._before = self._state()

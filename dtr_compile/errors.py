@@ -47,6 +47,11 @@ class MeasurementError(DTRError, RuntimeError):
     """A peak could not be measured: the meter's evidence that its profiler recorded the step is missing."""
 
 
+class UnsupportedWrapperError(DTRError):
+    """A distributed wrapper (DDP, FSDP2) in a configuration `backend="dtr"` cannot keep under a memory budget
+    (dtr_compile/distributed.py); the message says what to change."""
+
+
 class LogFormatError(DTRError, ValueError):
     """An operation log is malformed or truncated."""
 

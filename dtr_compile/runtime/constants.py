@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
+from .. import config
 from ..engine import Engine, Operation, Storage
-from ..errors import DTRError
+from ..errors import DTRError, UnsupportedWrapperError
 from .values import Buffer, TensorValue, buffer, storage_key
 
 # How far the liveness search below walks before it assumes the old value is needed (and snapshots).
@@ -169,10 +170,8 @@ class ConstantRegistry:
 
     def restore_freed(self, storage: Storage, op_name: str) -> Any:
         """A recompute of `op_name` reads `storage`, an outside tensor whose bytes were freed behind the runtime's
-        back: its owner brings them back, or this raises (distributed.refuse_freed_read). Returns what to give
+        back: its owner brings them back, or this raises (`refuse_freed_read`). Returns what to give
         back once the recompute ran (an FSDP2 group gathered for it alone), or a true non-group value."""
-        from ..distributed import refuse_freed_read
-
         return refuse_freed_read(buffer(storage).untyped, op_name, self.owner)
 
     def _register(self, tensor: torch.Tensor, key: int) -> ConstantEntry:
@@ -215,3 +214,41 @@ def _may_be_recomputed(op: Operation) -> bool:
                 return True
             frontier.extend(out.consumers)
     return False
+
+
+def deterministic_runtime() -> str | None:
+    """Why the runtime's eviction decisions may differ between ranks (so it must not run a collective of its
+    own), or None: they are functions of shapes, the op sequence and the seed alone."""
+    if config.cost_mode == "measure":
+        return "config.cost_mode = 'measure' (measured op times differ between ranks)"
+    if config.memory_budget == "auto":
+        return "memory_budget = 'auto' (each rank's free device memory differs)"
+    return None
+
+
+def refuse_freed_read(untyped: torch.UntypedStorage, op_name: str, fsdp: Any) -> Any:
+    """A recompute of `op_name` reads an outside tensor whose bytes were freed behind the runtime's back: bring
+    them back (`distributed.Fsdp2Params.regather`; returns what it returned) or raise. Never computes on freed memory."""
+    why = deterministic_runtime()
+    if fsdp is not None:
+        regathered = fsdp.regather(untyped, gather=why is None)
+        if regathered is not None:
+            return regathered
+    owned = fsdp is not None and fsdp.group_of(untyped) is not None
+    reason = (
+        f"parameters FSDP2 (fully_shard) has resharded, which the runtime may gather again only where every rank "
+        f"decides alike, not with {why}" if owned and why is not None
+        else "a tensor whose memory was freed outside the runtime (its storage was resized to 0 bytes)"
+    )
+    raise UnsupportedWrapperError(
+        f"a recompute of {op_name} needs {reason}. Raise dtr_compile.config.memory_budget, or change what the "
+        "message names."
+    )
+
+
+def refuse_collective_rerun(op_name: str) -> None:
+    """A recompute would rerun a collective on this rank alone (the other ranks would never join it)."""
+    raise UnsupportedWrapperError(
+        f"dtr_compile would have to rerun the collective {op_name} to recompute a value it evicted, on this rank "
+        "alone. Raise dtr_compile.config.memory_budget."
+    )

@@ -93,7 +93,7 @@ class StepScope:
         from ..distributed import BucketWatch
 
         runtime = self.runtime
-        self._buckets = BucketWatch(self.owner)
+        self._buckets = BucketWatch(self.owner, runtime)
         runtime.reference_peak_bytes = self.steps.calibrations.get(self.owner)
         self._depth = len(_get_current_dispatch_mode_stack())
         self._keys = tuple(torch._C._dispatch_tls_is_dispatch_key_included(k) for k in _PYTHON_KEYS)

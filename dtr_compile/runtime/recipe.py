@@ -9,7 +9,7 @@ and an in-place op's new storage version is built on a copy of the old version.
 A rerun reads what its op read, and some of it may not be there any more: an outside tensor whose owner freed
 its bytes behind the runtime's back (FSDP2's resharded parameters: constants.py) is brought back by that owner
 or the rerun raises, and a collective (a `c10d` op: all ranks must run it together) is never rerun on one rank.
-Both raise `dtr_compile.distributed.UnsupportedWrapperError`, never compute on freed memory or hang.
+Both raise `UnsupportedWrapperError` (constants.py), never compute on freed memory or hang.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from .. import compat
 from ..engine import Operation, Storage
 from .calls import flatten_result, unflatten_call
+from .constants import refuse_collective_rerun, refuse_freed_read
 from .refill import invoke_into, results_in_place
 from .values import Buffer, Layout, TensorValue, buffer, view_of
 
@@ -150,8 +151,6 @@ def _check_readable(recipe: Recipe, op: Operation, restore_freed: Callable[[Stor
     module docstring); returns the FSDP2 groups gathered for this rerun alone, to reshard after it."""
     gathered: list[Any] = []
     if getattr(recipe.func, "namespace", None) == "c10d":
-        from ..distributed import refuse_collective_rerun
-
         refuse_collective_rerun(op.name)
     for leaf in recipe.leaves:
         if type(leaf) is not TensorValue or leaf.storage.producer is not None:
@@ -160,8 +159,6 @@ def _check_readable(recipe: Recipe, op: Operation, restore_freed: Callable[[Stor
         if untyped is None or untyped.nbytes() >= leaf.storage.nbytes:
             continue
         if restore_freed is None:
-            from ..distributed import refuse_freed_read
-
             refuse_freed_read(untyped, op.name, None)
         group = restore_freed(leaf.storage, op.name)  # type: ignore[misc]
         if group is not True and group not in gathered:
