@@ -371,7 +371,25 @@ def split_joint(planned: fx.GraphModule, *, num_fwd_outputs: int) -> tuple[fx.Gr
     ordered = [n for n in planned.graph.nodes if n in needed]
     saved_values = [n for n in ordered if not is_sym_node(n)]
     saved_sym_nodes = [n for n in ordered if is_sym_node(n)]
-    return _extract_fwd_bwd_modules(planned, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
+    forward, backward = _extract_fwd_bwd_modules(
+        planned, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs
+    )
+    return forward, without_dead_random_ops(backward)
+
+
+# AOTAutograd's extraction copies into the backward every forward op that the saved values can compute, then drops
+# those no one reads. FX's dead code elimination keeps a random op no one reads (it advances the generator), except
+# inside Dynamo's tracing context, where it follows Inductor's `fallback_random` (False by default): so a region's
+# first compile (inside Dynamo) got a backward without them, and the same plan compiled again later (backend/region.py
+# plans a region again outside Dynamo's trace) got a backward that recomputed a GELU and its dropout only to drop them:
+# 80 KiB the plan's model, and so the part's Footprint, did not hold; BranchyModel at 0.7 measured 1.058 x its budget
+# with the runtime's own count under it. A backward's random op is never the program's own (it can only be a copy of
+# a forward op), so one no one reads is removed wherever the graph is split.
+def without_dead_random_ops(backward: fx.GraphModule) -> fx.GraphModule:
+    """`backward` without the ops no one reads, random ones included (as Dynamo's own trace drops them)."""
+    if backward.graph.eliminate_dead_code(is_impure_node=lambda node: node.is_impure(impure_random=False)):
+        backward.recompile()
+    return backward
 
 
 def min_cut_partition(
@@ -394,6 +412,7 @@ def min_cut_partition(
             compiler="inductor",
             static_lifetime_input_indices=static_indices,
         )
+    backward = without_dead_random_ops(backward)
     output = next(n for n in reversed(forward.graph.nodes) if n.op == "output")
     saved = frozenset(a.name for a in list(output.args[0])[num_fwd_outputs:] if isinstance(a, fx.Node))
     return forward, backward, saved

@@ -13,11 +13,10 @@ backward begins. Two figures come out, both relative to the moment the forward r
     loop lets the model's outputs go before the backward).
 Only the tail of a region that is alone in its step is learned. When another region's forward returns inside
 the window (a model split at graph breaks, DDP's buckets), that region's saved values are in the window too, yet
-its own plan decides them under the same budget: counted in the first region's tail they would count twice. And
-in a step of several regions the runtime evicts and recomputes region outputs between them, where a new plan
-perturbs its choices: a region planned again with an identical plan (BranchyModel of tests/runtime, 0.7) moved
-the step's measured peak from 0.9995 to 1.058 of the budget with the runtime's own count unchanged, a gap in its
-accounting not yet traced. Such regions keep the assumed tail (`spanned`).
+its own plan decides them under the same budget: counted in the first region's tail they would count twice. Such
+regions keep the assumed tail (`spanned`). (A region planned again with an identical plan once moved BranchyModel's
+step, tests/runtime at 0.7, from 0.9995 to 1.058 of its budget with the runtime's own count unchanged: compiled
+again outside Dynamo's trace, its backward kept a dead dropout no Footprint held; passes/partition.py drops it.)
 The region plans again with the measured tail when it differs from the assumed one by more than a little of
 the budget (backend/region.py); a tail is learned once per region, from the first step that shows it whole, so
 that a plan is not remade every step.

@@ -129,20 +129,40 @@ def _compiled_steps(model: nn.Module, budget, steps: int = 2) -> list:
     return results
 
 
-def test_compiled_regions_with_dropout_hold_the_budget_under_fx() -> None:
-    """codegen="fx" measured 1.05 x its budget: a compiled part's saved RNG state was not counted either."""
+def test_compiled_regions_with_dropout_hold_the_budget_under_fx(monkeypatch: pytest.MonkeyPatch) -> None:
+    """codegen="fx" measured 1.05 x its budget: a compiled part's saved RNG state was not counted either.
+    Then each region is planned again after the first step with a tail equal to the assumed one (the same plan,
+    compiled again outside Dynamo's trace): its backward recomputed a GELU and a dropout only to drop them, a
+    transient no Footprint held, and the step measured 1.058 x its budget (passes/partition.py)."""
     import copy
 
     torch.manual_seed(0)
     base = BranchyModel()
     reference = _compiled_steps(copy.deepcopy(base), None)  # the oracle with random ops: no budget, same backend
     budget = int(0.7 * reference[-1][2])
-    try:
-        results = _compiled_steps(copy.deepcopy(base), budget)
-    except dtr_compile.DTRError:
-        pytest.fail("0.7 of the no-budget peak ran before; it should still")
-    for (loss, grads, peak), (ref_loss, ref_grads, _) in zip(results, reference):
-        assert peak <= budget, (peak, budget)
-        assert loss == pytest.approx(ref_loss, rel=1e-5)
-        for got, want in zip(grads, ref_grads):
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for replan in (False, True):
+        if replan:
+            _plan_again_with_the_assumed_tail(monkeypatch)
+        try:
+            results = _compiled_steps(copy.deepcopy(base), budget)
+        except dtr_compile.DTRError:
+            pytest.fail("0.7 of the no-budget peak ran before; it should still")
+        for (loss, grads, peak), (ref_loss, ref_grads, _) in zip(results, reference):
+            assert peak <= budget, (replan, peak, budget)
+            assert loss == pytest.approx(ref_loss, rel=1e-5)
+            for got, want in zip(grads, ref_grads):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _plan_again_with_the_assumed_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a step has shown a region's tail, plan the region with one equal to the tail it assumed: a new key, so
+    the region is compiled again (at its next call), with the same plan."""
+    from dtr_compile.backend import region
+
+    def measured_tail(self: region.Region, runtime, step_budget: int):
+        if not self._tail_decided and self.reports and runtime.tails.decided(self.name):
+            self._tail_decided = True
+            self._tail = region._assumed_tail(self.reports[-1])
+        return self._tail
+
+    monkeypatch.setattr(region.Region, "_measured_tail", measured_tail)
