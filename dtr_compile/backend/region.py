@@ -146,7 +146,7 @@ class Region:
             return None
         self._tail_decided = True
         measured = runtime.tails.learned.get(self.name)
-        if measured is None:  # its tail held another region's forward (tails.py): the assumed one stays
+        if measured is None:  # it shared its step with another region (tails.py): the assumed one stays
             return None
         assumed = _assumed_tail(self.reports[-1])
         off = max(

@@ -43,27 +43,23 @@ class TailMeter:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.learned: dict[str, MeasuredTail] = {}
-        self.spanned: set[str] = set()  # regions whose tail held another region's forward: not learned
+        self.spanned: set[str] = set()  # regions that shared their step with another: not learned
         self._open: dict[str, MemoryWindow] = {}
-        self._spans: set[str] = set()  # open windows another region's forward returned in
         self._seen: set[str] = set()  # regions whose forward ran in this step
 
     def begin_step(self) -> None:
         for window in self._open.values():
             self.engine.close_window(window)
         self._open.clear()
-        self._spans.clear()
         self._seen.clear()
 
     def forward_returned(self, region: str) -> None:
         self._seen.add(region)
-        self._spans.update(name for name in self._open if name != region)
         if region in self.learned or region in self.spanned:
             return
         previous = self._open.pop(region, None)  # the region ran twice before a backward: measure the last run
         if previous is not None:
             self.engine.close_window(previous)
-        self._spans.discard(region)
         self._open[region] = self.engine.open_window()
 
     def backward_begins(self, region: str) -> None:
@@ -71,11 +67,11 @@ class TailMeter:
         if window is None:
             return
         self.engine.close_window(window)
-        if region in self._spans or self._seen != {region}:
+        if self._seen != {region}:  # another region ran in this step (and in the window, if it ran after)
             self.spanned.add(region)
         else:
             self.learned[region] = MeasuredTail(window.peak, window.memory - window.dropped)
 
     def decided(self, region: str) -> bool:
-        """Has a step shown this region's tail (measured, or spanning another region: the assumed one stays)?"""
+        """Has a step shown this region's tail (measured, or shared with another region: the assumed one stays)?"""
         return region in self.learned or region in self.spanned
