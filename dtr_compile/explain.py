@@ -94,10 +94,10 @@ class Explanation:
 
 def _tail_line(report: PlanReport) -> str:
     """What the plan leaves room for between its forward and backward (the loss: passes/storage.Tail)."""
-    from .passes.storage import TAIL_META_KEY, StorageMap, assumed_tail
+    from .passes.storage import TAIL_META_KEY, StorageMap, assumed_tail, tangent_placeholders
 
     graph = report.planned.graph
-    tangents = [n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+    tangents = tangent_placeholders(graph)
     storages = StorageMap(graph, counted_inputs=set(tangents))
     tangent_bytes = sum(storages.info[k].nbytes for t in tangents for k in storages.keys[t])
     tail = assumed_tail(tangents, tangent_bytes)

@@ -45,7 +45,7 @@ from ..errors import BudgetError, format_bytes
 from ..passes.costs import is_random
 from ..passes.meta import cost_of
 from ..passes.partition import DTRPartitioner, PlanReport
-from ..passes.storage import Tail, default_tail
+from ..passes.storage import Tail, default_tail, tangent_placeholders
 from ..runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint, device_of
 from ..runtime.implicit import STEPS
 from ..runtime.runtime import current_step
@@ -242,7 +242,7 @@ def part_maker(
 
 def _assumed_tail(report: PlanReport) -> Tail:
     """The tail the memory models assume for the graph of `report` before a step measures one (storage.py)."""
-    tangents = [n for n in report.planned.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+    tangents = tangent_placeholders(report.planned.graph)
     return default_tail(tangents, sum(tensor_nbytes(n.meta.get("val")) for n in tangents))
 
 

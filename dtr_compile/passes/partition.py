@@ -42,7 +42,7 @@ from .peak import PeakModel, schedule_peak
 from .planner import Plan, paused_gc, plan_schedule
 from .realize import pin_values_before_recomputes
 from .rewrite import emit_plan
-from .storage import TAIL_META_KEY, Tail
+from .storage import TAIL_META_KEY, Tail, tangent_placeholders
 
 try:  # Inductor's interface for custom partitioners (keys its caches by our uuid)
     from torch._inductor.custom_graph_pass import CustomPartitionerFn as _PartitionerBase
@@ -487,9 +487,8 @@ class DTRPartitioner(_PartitionerBase):
         times = self.times
         times.plans += 1
         if self.tail is not None:  # where every memory model reads it (storage.assumed_tail)
-            for node in gm.graph.find_nodes(op="placeholder"):
-                if node.name.startswith("tangents"):
-                    node.meta[TAIL_META_KEY] = self.tail
+            for node in tangent_placeholders(gm.graph):
+                node.meta[TAIL_META_KEY] = self.tail
         clock = time.perf_counter()
         keep = min_cut = None
         if self.start_from_min_cut:

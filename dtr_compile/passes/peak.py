@@ -23,7 +23,7 @@ from torch import fx
 from .inlining import FUSED_RECOMPUTE, InlineDecider, inductor_inlined, is_pointwise, is_view, sunk_order
 from .meta import DTR_META_KEY
 from .rewrite import RECOMPUTE_META_KEY
-from .storage import StorageKey, StorageMap, assumed_tail
+from .storage import StorageKey, StorageMap, assumed_tail, tangent_placeholders
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool | 
     `inductor`: model the graphs as Inductor compiles them, with the pointwise ops it inlines into
     their reader's kernel allocating nothing (inlining.py)."""
     nodes = list(gm.graph.nodes)
-    tangents = {n for n in nodes if n.op == "placeholder" and n.name.startswith("tangents")}
+    tangents = set(tangent_placeholders(gm.graph))
     inline = None
     recomputes_only = inductor == FUSED_RECOMPUTE
     if inductor:

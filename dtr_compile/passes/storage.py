@@ -70,6 +70,11 @@ class Tail:
 TAIL_META_KEY = "dtr_tail"
 
 
+def tangent_placeholders(graph: fx.Graph) -> list[fx.Node]:
+    """The joint graph's (or a backward's) incoming gradients, in order: AOTAutograd names them `tangents_*`."""
+    return [n for n in graph.find_nodes(op="placeholder") if n.name.startswith("tangents")]
+
+
 def default_tail(tangents: Iterable[fx.Node], tangent_bytes: int) -> Tail:
     tangents = list(tangents)
     return Tail(tangent_bytes + loss_tail_bytes(tangents, tangent_bytes), tangent_bytes)
