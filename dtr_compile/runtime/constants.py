@@ -14,6 +14,15 @@ snapshotted (a snapshot would copy the freshly allocated, unwritten bytes). A re
 while it is freed asks the owner for its bytes or raises (recipe.py, `restore_freed`); and the bytes the owner
 gathers, which no aten call allocates, are counted from its first refill in the step to the step's end
 (`owner.reserve_bytes`).
+
+An outside tensor can also be born inside the step, below the runtime's view: a collective's kernel makes one
+(gloo's reduce-scatter with FSDP2), or code that runs while the mode is off. Its record outlives it in the
+recipes of the ops that read it, and a record that held its bytes strongly kept them allocated, uncounted, until
+the step ended (FSDP2 on 2 gloo ranks: one such buffer per block, 1.067-1.113x the budget at 0.6). When such a
+tensor dies, its bytes are held only while a recorded op that read it may still be rerun; otherwise weakly
+(`Buffer.loosen`), so they go with the program's last reference. Ops recorded in a backward pass are never rerun
+(their outputs stay resident while held, and no forward recompute reads them), so they do not hold it. A rerun
+that finds such bytes gone raises (`refuse_dead_read`), never reads freed memory.
 """
 
 from __future__ import annotations
@@ -34,12 +43,14 @@ _LIVENESS_SEARCH_LIMIT = 256
 
 
 class ConstantEntry:
-    __slots__ = ("consumers", "storage", "tensor", "values")
+    __slots__ = ("consumers", "rerunnable", "storage", "tensor", "values")
 
     def __init__(self, storage: Storage, tensor: torch.Tensor, on_death) -> None:
         self.storage = storage
         self.tensor = weakref.ref(tensor, on_death)
         self.consumers: weakref.WeakSet[Operation] = weakref.WeakSet()
+        # Those of `consumers` recorded outside a backward pass: the only ones a recompute may rerun.
+        self.rerunnable: weakref.WeakSet[Operation] = weakref.WeakSet()
         # id(tensor object) -> (weak tensor, its value): a parameter read by every step gets one value, not one
         # per op (values are immutable until a mutation snapshot moves them, which clears this cache).
         self.values: dict[int, tuple[weakref.ref, TensorValue]] = {}
@@ -115,10 +126,13 @@ class ConstantRegistry:
         entry = self._entries.get(untyped._cdata) if untyped is not None else None
         return entry if entry is not None and entry.storage is storage else None
 
-    def note_consumer(self, storage: Storage, op: Operation) -> None:
+    def note_consumer(self, storage: Storage, op: Operation, *, in_backward: bool = False) -> None:
+        """`op` read the outside tensor of `storage`; `in_backward`: it ran in a backward pass (never rerun)."""
         entry = self.entry_of(storage)
         if entry is not None:
             entry.consumers.add(op)
+            if not in_backward:
+                entry.rerunnable.add(op)
 
     def live_tensors(self) -> Iterable[torch.Tensor]:
         for entry in list(self._entries.values()):
@@ -149,6 +163,7 @@ class ConstantRegistry:
         storage.payload = Buffer(snapshot, old.device, shared=False)  # what recorded ops read from now on
         entry.storage = self._pinned(storage.nbytes, Buffer(live, old.device, shared=True))
         entry.consumers = weakref.WeakSet()
+        entry.rerunnable = weakref.WeakSet()
         entry.values.clear()
         return storage
 
@@ -186,9 +201,12 @@ class ConstantRegistry:
         entries = self._entries
 
         def forget(_ref: object) -> None:
-            """The outside tensor died (e.g. last step's batch): its record lives on only in recipes that need it."""
+            """The outside tensor died (e.g. last step's batch): its record lives on only in recipes that read it,
+            which hold its bytes only while one of them may still be rerun (see the module docstring)."""
             if entries.get(key) is entry:
                 del entries[key]
+            if not any(_may_be_recomputed(op) for op in list(entry.rerunnable)):
+                buffer(entry.storage).loosen()
 
         entry = ConstantEntry(storage, tensor, forget)
         entries[key] = entry
@@ -243,6 +261,15 @@ def refuse_freed_read(untyped: torch.UntypedStorage, op_name: str, fsdp: Any) ->
     raise UnsupportedWrapperError(
         f"a recompute of {op_name} needs {reason}. Raise dtr_compile.config.memory_budget, or change what the "
         "message names."
+    )
+
+
+def refuse_dead_read(op_name: str) -> None:
+    """A recompute reads an outside tensor that died during the step, whose bytes went with it."""
+    raise DTRError(
+        f"a recompute of {op_name} needs an outside tensor (one the runtime did not see being made) that the "
+        "program freed during the step, when no recorded op seemed to need it again. Please report this with the "
+        "model; raising dtr_compile.config.memory_budget avoids the recompute."
     )
 
 

@@ -118,9 +118,10 @@ def record_outputs(
         workspace = max(workspace, copy_refill_bytes(recipe, out_sizes, fresh[0][1].device))
     op = engine.record(name, storages, out_sizes, cost, payload=recipe,
                        consumes=[*(s for s, _ in versioned.values()), *consumed], workspace=workspace)
+    in_backward = torch._C._current_graph_task_id() != -1
     for storage in storages:
         if storage.producer is None:
-            rt.constants.note_consumer(storage, op)
+            rt.constants.note_consumer(storage, op, in_backward=in_backward)
 
     outputs = op.outputs  # all alive: each holds the engine's initial handle until the end of this call
     position = 0
@@ -153,7 +154,7 @@ def record_outputs(
                     rt.note_handle(r, cell)
     if recorder is not None:
         _log_call(rt, name, flat, leaves, written, results, written_ids, fresh, outputs[len(versioned):], cost)
-    if torch._C._current_graph_task_id() != -1:
+    if in_backward:
         # Made by the backward pass: gradients, which the autograd engine holds and sums outside any dispatch
         # mode (its input buffers), where an evicted one would be read as freed memory. They stay resident
         # until they die; the forward's activations are what the runtime evicts.

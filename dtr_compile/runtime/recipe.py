@@ -24,7 +24,7 @@ import torch
 from .. import compat
 from ..engine import Operation, Storage
 from .calls import flatten_result, unflatten_call
-from .constants import refuse_collective_rerun, refuse_freed_read
+from .constants import refuse_collective_rerun, refuse_dead_read, refuse_freed_read
 from .refill import invoke_into, results_in_place
 from .values import Buffer, Layout, TensorValue, buffer, view_of
 
@@ -155,7 +155,10 @@ def _check_readable(recipe: Recipe, op: Operation, restore_freed: Callable[[Stor
     for leaf in recipe.leaves:
         if type(leaf) is not TensorValue or leaf.storage.producer is not None:
             continue
-        untyped = buffer(leaf.storage).untyped
+        held = buffer(leaf.storage)
+        if held.loosened and not held.tighten():  # an outside tensor that died in the step (constants.py)
+            refuse_dead_read(op.name)
+        untyped = held.untyped
         if untyped is None or untyped.nbytes() >= leaf.storage.nbytes:
             continue
         if restore_freed is None:

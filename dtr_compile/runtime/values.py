@@ -99,6 +99,10 @@ class Buffer:
             self._weak = self.untyped._weak_ref()
             self.untyped = None
 
+    @property
+    def loosened(self) -> bool:
+        return self._weak is not None
+
     def tighten(self) -> bool:
         """Hold the storage strongly again; False if it was freed meanwhile (then it is detached)."""
         if self._weak is None:
