@@ -32,7 +32,7 @@ begins: `BucketWatch`) and in runtime/constants.py and runtime/recipe.py:
   - gloo's all-gather and reduce-scatter stage their tensors in flat buffers: counted as the ops' workspace
     (runtime/workspace.py).
 Measured with that MLP on 2 gloo ranks (tests/distributed/test_fsdp2.py), per rank: gradients equal the no-budget
-run's (difference 0.0); at 0.6 the step measures 0.92-0.95x of 0.6 x 9.44 MB (the runtime's own budget 5.82 MB,
+run's (difference 0.0); at 0.6 the step measures 0.92-1.00x of 0.6 x 9.44 MB (the runtime's own budget 5.82 MB,
 its peak 5.77 MB). It measured 1.067-1.113x while the runtime held the bytes of outside tensors that died during
 the step (runtime/constants.py): gloo's reduce-scatter makes its buffer below the runtime's view, one per block,
 and each stayed allocated, uncounted, until the step ended. At 0.5 the step raises BudgetError naming its floor

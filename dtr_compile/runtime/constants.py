@@ -16,13 +16,15 @@ gathers, which no aten call allocates, are counted from its first refill in the 
 (`owner.reserve_bytes`).
 
 An outside tensor can also be born inside the step, below the runtime's view: a collective's kernel makes one
-(gloo's reduce-scatter with FSDP2), or code that runs while the mode is off. Its record outlives it in the
-recipes of the ops that read it, and a record that held its bytes strongly kept them allocated, uncounted, until
-the step ended (FSDP2 on 2 gloo ranks: one such buffer per block, 1.067-1.113x the budget at 0.6). When such a
-tensor dies, its bytes are held only while a recorded op that read it may still be rerun; otherwise weakly
-(`Buffer.loosen`), so they go with the program's last reference. Ops recorded in a backward pass are never rerun
-(their outputs stay resident while held, and no forward recompute reads them), so they do not hold it. A rerun
-that finds such bytes gone raises (`refuse_dead_read`), never reads freed memory.
+(gloo's reduce-scatter with FSDP2, in the backward), or code that runs while the mode is off. Its record outlives
+it in the recipes of the ops that read it, and a record that held its bytes strongly kept them allocated,
+uncounted, until the step ended (FSDP2 on 2 gloo ranks: one such buffer per block, 1.067-1.113x the budget at 0.6).
+One first seen in a backward pass is read only by ops that are never rerun (a backward's outputs stay resident
+while held, and no forward recompute reads them): when it dies, its record holds its bytes weakly
+(`Buffer.loosen`), so they go with the program's last reference, unless an op outside a backward read it and may
+still be rerun. One first seen in the forward stays held: compiled parts read outside tensors without being noted
+as their consumers here, so what may rerun is not known. A rerun that finds such bytes gone raises
+(`refuse_dead_read`), never reads freed memory.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ _LIVENESS_SEARCH_LIMIT = 256
 
 
 class ConstantEntry:
-    __slots__ = ("consumers", "rerunnable", "storage", "tensor", "values")
+    __slots__ = ("born_in_backward", "consumers", "rerunnable", "storage", "tensor", "values")
 
     def __init__(self, storage: Storage, tensor: torch.Tensor, on_death) -> None:
+        self.born_in_backward = torch._C._current_graph_task_id() != -1  # first seen in a backward pass
         self.storage = storage
         self.tensor = weakref.ref(tensor, on_death)
         self.consumers: weakref.WeakSet[Operation] = weakref.WeakSet()
@@ -202,10 +205,10 @@ class ConstantRegistry:
 
         def forget(_ref: object) -> None:
             """The outside tensor died (e.g. last step's batch): its record lives on only in recipes that read it,
-            which hold its bytes only while one of them may still be rerun (see the module docstring)."""
+            which hold its bytes where one of them may still be rerun (see the module docstring)."""
             if entries.get(key) is entry:
                 del entries[key]
-            if not any(_may_be_recomputed(op) for op in list(entry.rerunnable)):
+            if entry.born_in_backward and not any(_may_be_recomputed(op) for op in list(entry.rerunnable)):
                 buffer(entry.storage).loosen()
 
         entry = ConstantEntry(storage, tensor, forget)

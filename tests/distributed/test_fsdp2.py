@@ -8,7 +8,7 @@ runtime's back. What is held (dtr_compile/distributed.py has the mechanism and t
     brought back (a prefetched all-gather copied out early, or an all-gather the runtime runs itself, the same
     on every rank), never read as freed memory (which gave NaN gradients at 0.6 before);
   - each rank's measured peak (dtr_compile.measure: gathered parameters and gloo's buffers included) stays within
-    1.05x the fraction of the no-budget run's measured peak, as issue 19 asks (0.92-0.95x measured; it was
+    1.05x the fraction of the no-budget run's measured peak, as issue 19 asks (0.92-1.00x measured; it was
     1.067-1.113x while the runtime held the bytes of outside tensors that died in the step: runtime/constants.py);
   - 0.5 raises BudgetError naming the step's floor (0.54 of the reference here; the single-rank MLP reaches 0.45),
     and leaves the rank able to train: a strict xfail records that 0.5 does not run yet.
