@@ -21,7 +21,9 @@ planned alone against `config.memory_budget`, as fractions of their own no-remat
 The code after a region's forward (the loss, later regions) runs while the region's saved values are held, so
 every plan leaves room for it: first an assumed tail (passes/storage.py), then the tail the first whole step
 measured (runtime/tails.py), planned with once per region when it differs from the assumed one (`_measured_tail`).
-A floor named before a step has run is the assumed tail's: a budget that runs, if not the least one.
+Where the assumed tail leaves a budget no plan, the first step plans with the least tail instead (storage.LEAST_TAIL)
+and the runtime holds the budget while the step measures the real one; a floor named before a step has run is the
+least tail's, one named after it the measured tail's.
 
 Dynamic shapes: Dynamo marks sizes that change between calls as symbolic and compiles once for all of them;
 the plan is made at the sizes seen when compiling (its decisions hold at every size) and the runtime makes
@@ -45,7 +47,7 @@ from ..errors import BudgetError, format_bytes
 from ..passes.costs import is_random
 from ..passes.meta import cost_of
 from ..passes.partition import DTRPartitioner, PlanReport
-from ..passes.storage import Tail, default_tail, tangent_placeholders
+from ..passes.storage import LEAST_TAIL, Tail, assumed_tail, tangent_placeholders
 from ..runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint, device_of
 from ..runtime.implicit import STEPS
 from ..runtime.runtime import current_step
@@ -168,6 +170,18 @@ class Region:
                 raise
             step_budget = key[1]  # type: ignore[index]
             held = max(0, step_budget - budget)
+            if floor > step_budget and tail is None and not self._tail_decided:
+                # The floor holds room for the assumed tail, which may be far more than this step's loss needs.
+                # Before a step has measured it, plan with the least tail (storage.LEAST_TAIL) if that fits: the
+                # step runs under the runtime, which holds its budget (evicting, or raising), measures the real
+                # tail, and the next step plans with it (`_measured_tail`) or names the floor that one sets.
+                try:
+                    self._compiled = self._compile_with(budget, example_inputs, LEAST_TAIL)
+                except BudgetError:
+                    pass
+                else:
+                    self._key = key
+                    return
             if floor > step_budget:
                 # Not even a step holding nothing else could run this region: name the step's floor (the region's
                 # own, plus what the step holds when it begins), the budget at which the planner's plan runs.
@@ -241,9 +255,10 @@ def part_maker(
 
 
 def _assumed_tail(report: PlanReport) -> Tail:
-    """The tail the memory models assume for the graph of `report` before a step measures one (storage.py)."""
+    """The tail the plan of `report` was made with, before a step measured one (storage.py): the assumed one, or
+    the least (LEAST_TAIL) where the assumed one left the budget no plan."""
     tangents = tangent_placeholders(report.planned.graph)
-    return default_tail(tangents, sum(tensor_nbytes(n.meta.get("val")) for n in tangents))
+    return assumed_tail(tangents, sum(tensor_nbytes(n.meta.get("val")) for n in tangents))
 
 
 def _fx_copy(graph: fx.GraphModule) -> fx.GraphModule:

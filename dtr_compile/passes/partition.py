@@ -42,7 +42,7 @@ from .peak import PeakModel, schedule_peak
 from .planner import Plan, paused_gc, plan_schedule
 from .realize import pin_values_before_recomputes
 from .rewrite import emit_plan
-from .storage import TAIL_META_KEY, Tail, tangent_placeholders
+from .storage import LEAST_TAIL, LEAST_TAIL_META_KEY, TAIL_META_KEY, Tail, resolved_tail, tangent_placeholders
 
 try:  # Inductor's interface for custom partitioners (keys its caches by our uuid)
     from torch._inductor.custom_graph_pass import CustomPartitionerFn as _PartitionerBase
@@ -487,8 +487,11 @@ class DTRPartitioner(_PartitionerBase):
         times = self.times
         times.plans += 1
         if self.tail is not None:  # where every memory model reads it (storage.assumed_tail)
-            for node in tangent_placeholders(gm.graph):
-                node.meta[TAIL_META_KEY] = self.tail
+            tangents = tangent_placeholders(gm.graph)
+            tail = resolved_tail(self.tail, tangents)
+            for node in tangents:
+                node.meta[TAIL_META_KEY] = tail
+                node.meta[LEAST_TAIL_META_KEY] = self.tail == LEAST_TAIL
         clock = time.perf_counter()
         keep = min_cut = None
         if self.start_from_min_cut:

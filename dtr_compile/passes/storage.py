@@ -80,6 +80,22 @@ def default_tail(tangents: Iterable[fx.Node], tangent_bytes: int) -> Tail:
     return Tail(tangent_bytes + loss_tail_bytes(tangents, tangent_bytes), tangent_bytes)
 
 
+# Stands for the least tail a step can have (`DTRPartitioner(tail=LEAST_TAIL)` stamps `Tail(tangent bytes, 0)`):
+# the incoming gradients at most, and nothing above the forward's end when the backward begins (the loop let the
+# outputs go as it made their gradients: `cross_entropy(compiled(x), y).backward()`). What a region plans its first
+# step with when the assumed tail leaves the budget no plan (backend/region.py): the step runs under the runtime,
+# which holds the budget, and measures the real tail for the next plan.
+LEAST_TAIL = Tail(-1, -1)
+LEAST_TAIL_META_KEY = "dtr_tail_least"  # on the tangents beside TAIL_META_KEY: the tail is LEAST_TAIL's, not measured
+
+
+def resolved_tail(tail: Tail, tangents: Iterable[fx.Node]) -> Tail:
+    """`tail`, with LEAST_TAIL made the bytes of `tangents`."""
+    if tail != LEAST_TAIL:
+        return tail
+    return Tail(sum(tensor_nbytes(t.meta.get("val")) for t in tangents), 0)
+
+
 def assumed_tail(tangents: Iterable[fx.Node], tangent_bytes: int) -> Tail:
     """The tail every memory model plans for: the measured one on the tangents, else `default_tail`."""
     tangents = list(tangents)

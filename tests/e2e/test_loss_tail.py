@@ -30,7 +30,11 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, 64, generator=generator), torch.randint(0, VOCAB, (BATCH,), generator=generator)
 
 
-def _train(model: nn.Module, budget: int | None, steps: int = 3) -> tuple[list[torch.Tensor], int]:
+def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits, y)
+
+
+def _train(model: nn.Module, budget: int | None, steps: int = 3, loss=_cross_entropy) -> tuple[list[torch.Tensor], int]:
     """Steps of backend="dtr" at `budget` bytes; the gradients and measured peak of the last step."""
     torch._dynamo.reset()
     x, y = _batch()
@@ -39,7 +43,7 @@ def _train(model: nn.Module, budget: int | None, steps: int = 3) -> tuple[list[t
 
         def step() -> None:
             model.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(compiled(x), y).backward()
+            loss(compiled(x), y).backward()
 
         for _ in range(steps - 1):
             step()
@@ -61,6 +65,30 @@ def test_a_budget_below_the_floor_names_a_floor_that_runs() -> None:
 
     grads, peak = _train(model, floor)
     assert peak <= floor, f"the named floor {floor} B did not hold: measured {peak} B"
+    for got, want in zip(grads, eager):
+        torch.testing.assert_close(got, want)
+
+
+def _sum(logits: torch.Tensor, _y: torch.Tensor) -> torch.Tensor:
+    return logits.sum()
+
+
+def test_a_budget_only_the_assumed_tail_refuses_runs_and_learns_the_tail() -> None:
+    """`compiled(x).sum().backward()`: the tail is the logits' gradient alone, and the loop lets the logits go, so
+    the backward begins holding no more than the forward left (storage.LEAST_TAIL). The assumed tail (one more
+    logits' worth, the logits held) sets a floor 2.7 MiB too high (12.25 MiB, the least tail's 9.51). Below it, the first step plans with the least tail
+    and runs under the runtime, which holds the budget; it measures the tail, and the next steps plan with it."""
+    model = _model()
+    x, _ = _batch()
+    model(x).sum().backward()
+    eager = [p.grad.clone() for p in model.parameters()]
+
+    with pytest.raises(dtr_compile.BudgetError) as info:
+        _train(model, 1 << 20, loss=_sum)
+    assumed_floor = info.value.smallest_feasible_bytes
+    budget = assumed_floor - BATCH * VOCAB * 2  # half a logits' worth below it
+    grads, peak = _train(model, budget, steps=4, loss=_sum)
+    assert peak <= budget, f"measured {peak} B above the budget {budget} B"
     for got, want in zip(grads, eager):
         torch.testing.assert_close(got, want)
 
@@ -111,7 +139,9 @@ def test_the_first_step_measures_the_loss_and_the_region_plans_with_it(holds_out
     assert learned.at_backward_bytes == (logits if holds_outputs else 0)
     first, last = region.reports[0], region.reports[-1]
     assert abs(last.no_remat.peak_bytes - measured.peak_bytes) <= 0.01 * measured.peak_bytes, (
-        last.no_remat.peak_bytes, measured.peak_bytes)
+        last.no_remat.peak_bytes,
+        measured.peak_bytes,
+    )
     if holds_outputs:
         assert len(region.reports) == 1  # the assumed tail was right to within TAIL_TOLERANCE: no new plan
     else:
@@ -149,8 +179,10 @@ def test_regions_that_share_their_step_keep_the_assumed_tail() -> None:
             model.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(compiled(x), y).backward()
         tails = STEPS.here.runtime.tails
-    regions = sorted((r for r in gc.get_objects() if type(r) is Region and tails.decided(r.name)),
-                     key=lambda r: int(r.name.removeprefix("region")))
+    regions = sorted(
+        (r for r in gc.get_objects() if type(r) is Region and tails.decided(r.name)),
+        key=lambda r: int(r.name.removeprefix("region")),
+    )
     for region in regions[-2:]:
         assert region.name in tails.spanned and region.name not in tails.learned
         assert len(region.reports) == 1, region.name
