@@ -160,6 +160,9 @@ class ConstantRegistry:
         if not (op_has_fresh_outputs or any(_may_be_recomputed(op) for op in list(entry.consumers))):
             return None
         old = buffer(storage)
+        # The snapshot is made outside any aten call the runtime sees: count it (room made first) until the step
+        # ends, as long as the recipes that read it may live.
+        self.hold_to_end(old.untyped.nbytes(), "snapshot of an outside tensor before its mutation")  # type: ignore[union-attr]
         snapshot = old.untyped.clone()  # type: ignore[union-attr]
         self.snapshot_bytes += snapshot.nbytes()
         live = old.untyped

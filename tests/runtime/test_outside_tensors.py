@@ -79,3 +79,21 @@ def test_an_outside_tensor_a_held_value_needs_is_kept_for_its_recompute() -> Non
     assert kept, "an outside tensor a recompute needs lost its bytes"
     torch.testing.assert_close(total, (x * torch.linspace(0, 1, N) + 1).sum())
     assert runtime.stats().rematerializations >= 1
+
+
+def test_the_snapshot_taken_before_an_outside_tensor_is_mutated_counts_in_the_step() -> None:
+    """`y = x * 2` is held (its op may be rerun) when `x`, an outside tensor, is written in place: the runtime
+    keeps x's old value for that rerun in a snapshot it makes itself, outside any aten call it sees. The step's
+    count includes it (it did not: a budget could be overrun by every snapshot's bytes)."""
+    x = torch.randn(N)
+    expected = x * 2
+    runtime = dtr_compile.runtime.enable(memory_budget=64 * N * 4)
+    with runtime:
+        y = x * 2
+        x.add_(1.0)
+        held = runtime.step_bytes
+        runtime.engine.evict(runtime.index.lookup(y))
+        total = y.sum()
+    assert runtime.constants.snapshot_bytes == N * 4
+    assert held >= 2 * N * 4, f"the step counts {held} B: y ({N * 4} B) and the snapshot ({N * 4} B) at least"
+    torch.testing.assert_close(total, expected.sum())
