@@ -38,17 +38,23 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import BudgetError, format_bytes
 from ..measure import measure_peak
+from ..tensor_bytes import tensor_nbytes
 from . import plan_cache
 from .partition import DTRPartitioner, PlanReport, cache_entry, model_scale_for
 from .planner import paused_gc
+from .storage import assumed_tail, tangent_placeholders
 
 log = logging.getLogger(__name__)
 
 
 
-def measure_region(compiled: Callable[..., Any], example_inputs: Sequence[Any]) -> int | None:
+def measure_region(
+    compiled: Callable[..., Any], example_inputs: Sequence[Any], *, outputs_dropped: bool = False
+) -> int | None:
     """Peak bytes of one forward + backward of `compiled` above what was live before it; None when the
-    inputs cannot be stood in for (symbolic sizes, opaque objects), or on CPU while a profiler is running."""
+    inputs cannot be stood in for (symbolic sizes, opaque objects), or on CPU while a profiler is running.
+    `outputs_dropped`: the outputs are let go before the backward, as the training loop the plan was made for
+    does (`loops_drop_outputs`); otherwise they are held through it."""
     inputs: list[Any] = []
     params: list[torch.nn.Parameter] = []  # used as they are; their `.grad` is put back afterwards
     device = torch.device("cpu")
@@ -89,7 +95,10 @@ def measure_region(compiled: Callable[..., Any], example_inputs: Sequence[Any]) 
             # makes them in a training step, and handed to the region's backward, which frees them after their
             # last use. Gradients passed in here (`backward(outputs, [ones_like(o), ...])`) would be held by this
             # frame through the whole backward (on the CPU stand-in GPT-2 that is the logits' gradient, 8 MB).
-            torch.autograd.backward([o.sum() for o in outputs])
+            losses = [o.sum() for o in outputs]
+            if outputs_dropped:
+                outputs.clear()  # a sum's backward keeps no output alive
+            torch.autograd.backward(losses)
 
     def clear_grads() -> None:  # before, not inside, the measured step: its gradients are allocated anew
         for leaf in leaves:
@@ -113,6 +122,20 @@ def measure_region(compiled: Callable[..., Any], example_inputs: Sequence[Any]) 
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
     return measurement.peak_bytes
+
+
+def loop_drops_outputs(report: PlanReport) -> bool:
+    """Does the training loop the plan of `report` was made for let the region's outputs go before the backward?
+    Its tail says so (storage.Tail): what it holds at the backward's start is less than the incoming gradients, as
+    after `loss_fn(model(x)).backward()`. The assumed tail holds them; a measured one or the least one may not.
+    Measured with the outputs held instead, a language model's region is charged its logits (8 MiB for Llama at
+    the CPU stand-in) through the whole backward, which the step it runs in does not hold."""
+    joint = getattr(report, "joint", None)
+    if joint is None:  # a report made without a joint graph (tests' stand-ins): the assumed tail's loop
+        return False
+    tangents = tangent_placeholders(joint.graph)
+    nbytes = sum(tensor_nbytes(t.meta.get("val")) for t in tangents)
+    return nbytes > 0 and assumed_tail(tangents, nbytes).at_backward_bytes < nbytes
 
 
 def compile_within_budget(
@@ -194,7 +217,7 @@ class _Attempts:
 
     def measure(self, compiled: Callable[..., Any], report: PlanReport) -> int | None:
         start = time.perf_counter()
-        measured = measure_region(compiled, self.example_inputs)
+        measured = measure_region(compiled, self.example_inputs, outputs_dropped=loop_drops_outputs(report))
         self.times.measure_s += time.perf_counter() - start
         self.times.measures += 1
         report.measured_peak_bytes = measured

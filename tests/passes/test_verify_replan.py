@@ -52,7 +52,7 @@ class StandInPlanner:
 
 def _run(monkeypatch, budget: int, measured_at):
     planner = StandInPlanner(budget, measured_at)
-    monkeypatch.setattr(verify, "measure_region", lambda compiled, inputs: planner.measured_at(compiled.target))
+    monkeypatch.setattr(verify, "measure_region", lambda compiled, inputs, **_: planner.measured_at(compiled.target))
     compiled = verify.compile_within_budget(planner.compile_once, [], planner)
     return planner, compiled
 
