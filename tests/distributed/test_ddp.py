@@ -11,7 +11,9 @@ runtime/implicit.py `_tracing`), and 0.45, the lowest of 0.5, 0.45, 0.4, ... tha
 its 1 MB gradient buckets into 3 compiled regions; at 0.45 the split MLP needs 0.63 of the peak (each region
 is planned against the room the step leaves when it is compiled, and the first takes the whole budget), so 0.45
 is checked with the split turned off (`torch._dynamo.config.optimize_ddp = False`: one graph, DDP's reducer
-allreduces after the compiled backward, without overlap), and the split case is a strict xfail (slow).
+allreduces after the compiled backward, without overlap), and the split case is a strict xfail (slow). GPT-2
+and the MLP under Inductor have higher single-rank floors (0.6 and 0.57 of their references; their tests give
+the figures): 0.5 raises BudgetError on one rank without DDP too, so each is checked at its own floor.
 
 One 2-rank run per test module (spawned processes, codegen="fx"), about 60 s on 2 cores; GPT-2 and Inductor
 variants are slow.
@@ -74,15 +76,33 @@ def test_ddp_mlp_at_the_single_rank_floor_split() -> None:
 
 
 @pytest.mark.slow
-def test_ddp_gpt2_at_half() -> None:
-    """The issue's case: GPT-2 (transformers, 2 x 64, dropout 0.1) under DDP at 0.5 raised; the single-rank
-    model reaches 0.5 and raises at 0.45 at this size."""
+def test_ddp_gpt2_at_the_single_rank_floor() -> None:
+    """The issue's case: GPT-2 (transformers, 2 x 64, dropout 0.1) under DDP. At this size 0.5 is below the
+    single-rank model's own floor: the fraction's calibration step measures 4097480 bytes (the same before and
+    after the in-place gradient sums of runtime/accumulate.py, and with them turned off), and the planner names
+    2455936 bytes (0.599 of it) for one region alone, on one rank without DDP as under DDP, so 0.5 (2048740
+    bytes) raises BudgetError on both, and 0.55 (2253614) is below that floor too. 0.6 (2458488 bytes) is the
+    lowest of 0.5, 0.55, 0.6 the single-rank model reaches (measured 2002772 bytes, 0.442 of the no-budget
+    step's 4531464); DDP split at its buckets measures the same, with no eviction. (A bisect that pointed at the
+    in-place sums was misled: at their commit, fb1498e, every backward op under the runtime raised
+    AttributeError, Runtime.backward_began coming only with 8d1533e; the commit before it raises at 0.5 too.)"""
     pytest.importorskip("transformers")
-    spec = Spec(wrapper="ddp", model="gpt2", budgets=(0.5,))
-    _check(spec, run_ranks(train_steps, spec), 0.5)
+    spec = Spec(wrapper="ddp", model="gpt2", budgets=(0.6,))
+    _check(spec, run_ranks(train_steps, spec), 0.6)
 
 
 @pytest.mark.slow
-def test_ddp_mlp_inductor_at_half() -> None:
-    spec = Spec(wrapper="ddp", model="mlp", budgets=(0.5,), codegen="inductor")
-    _check(spec, run_ranks(train_steps, spec), 0.5)
+def test_ddp_mlp_inductor_at_the_single_rank_floor() -> None:
+    """Under Inductor the planner's floor for the MLP's graph is 4699630 bytes, 0.560 of the 8390664-byte
+    reference (under the FX code generator the single-rank MLP reaches 0.45), on one rank without DDP and under
+    DDP unsplit alike: at 0.5 both raise BudgetError naming it, and 0.56 is 859 bytes short of it. So 0.57 is the
+    lowest of 0.5, 0.51, ... the single-rank model reaches (measured 3677196 bytes, 0.438 of the no-budget step,
+    no eviction), checked unsplit. Split at DDP's buckets, the regions share the budget greedily (module
+    docstring), and a compiled Inductor part is rerun whole: at 0.57 and 0.6 the step raises BudgetError naming
+    6035468 bytes (0.72), at 0.5 one naming 8922124 (1.064x the reference: a saved tensor's recompute reran a
+    forward part with every other tensor evicted). The split is expected to raise until regions share the
+    budget by plan."""
+    spec = Spec(wrapper="ddp", model="mlp", budgets=((0.57, False), 0.57), codegen="inductor", infeasible_ok=True)
+    results = run_ranks(train_steps, spec)
+    _check(spec, results, (0.57, False))
+    assert all("error" in runs[0.57] for runs in results), "the split held 0.57: check it here like the unsplit run"
