@@ -359,6 +359,15 @@ def record_by_slices(
             raise AssertionError(f"dtr_compile internal error: cyclic output slices in {part.name}")
         pending = waiting
 
+    # The outside tensors the part read (parameters, inputs): if the program writes one in place later in the step,
+    # a rerun of these records must read its old value, which the registry keeps only for the consumers it knows
+    # (constants.py). Unnoted, an evicted output came back computed from the new value, silently.
+    in_backward = torch._C._current_graph_task_id() != -1
+    for storage in new:
+        op = storage.producer
+        for read in op.inputs if op is not None else ():
+            if read.producer is None:
+                rt.constants.note_consumer(read, op, in_backward=in_backward)
     for r in results:
         if isinstance(r, torch.Tensor):
             storage = storage_of.get(storage_key(r))

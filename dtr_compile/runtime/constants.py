@@ -22,9 +22,13 @@ uncounted, until the step ended (FSDP2 on 2 gloo ranks: one such buffer per bloc
 One first seen in a backward pass is read only by ops that are never rerun (a backward's outputs stay resident
 while held, and no forward recompute reads them): when it dies, its record holds its bytes weakly
 (`Buffer.loosen`), so they go with the program's last reference, unless an op outside a backward read it and may
-still be rerun. One first seen in the forward stays held: compiled parts read outside tensors without being noted
-as their consumers here, so what may rerun is not known. A rerun that finds such bytes gone raises
-(`refuse_dead_read`), never reads freed memory.
+still be rerun. One first seen in the forward stays held (the conservative choice; no case has needed more). A
+rerun that finds such bytes gone raises (`refuse_dead_read`), never reads freed memory.
+
+An entry follows its storage, not the tensor object it was first seen through: AOTAutograd hands compiled code
+aliases of parameters that die when the call returns, and an entry forgotten with them lost its readers, so that a
+later in-place write to the parameter kept no old value for their recomputes (an evicted compiled output came back
+computed from the new value). Compiled parts are noted as readers too (compiled_ops.record_by_slices).
 """
 
 from __future__ import annotations
@@ -45,11 +49,15 @@ _LIVENESS_SEARCH_LIMIT = 256
 
 
 class ConstantEntry:
-    __slots__ = ("born_in_backward", "consumers", "rerunnable", "storage", "tensor", "values")
+    __slots__ = ("born_in_backward", "consumers", "on_death", "rerunnable", "storage", "tensor", "values")
 
     def __init__(self, storage: Storage, tensor: torch.Tensor, on_death) -> None:
         self.born_in_backward = torch._C._current_graph_task_id() != -1  # first seen in a backward pass
         self.storage = storage
+        self.on_death = on_death
+        # A tensor on the storage, weakly: the entry follows the storage, not this object. When it dies while other
+        # tensors still view the bytes (it was an alias made for one call: AOTAutograd hands compiled code such
+        # aliases of parameters), the entry stays, its consumers with it, and `value_of` points it at the next one.
         self.tensor = weakref.ref(tensor, on_death)
         self.consumers: weakref.WeakSet[Operation] = weakref.WeakSet()
         # Those of `consumers` recorded outside a backward pass: the only ones a recompute may rerun.
@@ -101,6 +109,11 @@ class ConstantRegistry:
         for handle in self._grad_hooks.values():
             handle.remove()
         self._grad_hooks.clear()
+        # Entries kept when their tensor died while another viewed the bytes, whose bytes nothing else views now:
+        # forgotten, as their tensor's death would have (their records live on in the recipes that read them).
+        for key, entry in list(self._entries.items()):
+            if entry.tensor() is None and not _viewed_elsewhere(entry):
+                del self._entries[key]
         # Views of a parameter made anew each step (a transposed weight) leave dead entries in its value cache:
         # drop them, or the cache grows by a few objects every step for as long as the Runtime lives.
         for entry in list(self._entries.values()):
@@ -111,8 +124,10 @@ class ConstantRegistry:
     def value_of(self, tensor: torch.Tensor) -> TensorValue:
         key = storage_key(tensor)
         entry = self._entries.get(key)
-        if entry is None or entry.tensor() is None:
+        if entry is None:
             entry = self._register(tensor, key)
+        elif entry.tensor() is None:
+            entry.tensor = weakref.ref(tensor, entry.on_death)
         if tensor.requires_grad:
             self.watch_gradient(tensor)
         cached = entry.values.get(id(tensor))
@@ -209,6 +224,8 @@ class ConstantRegistry:
         def forget(_ref: object) -> None:
             """The outside tensor died (e.g. last step's batch): its record lives on only in recipes that read it,
             which hold its bytes where one of them may still be rerun (see the module docstring)."""
+            if _viewed_elsewhere(entry, dying=True):
+                return  # another tensor still views these bytes: the entry stays (see ConstantEntry)
             if entries.get(key) is entry:
                 del entries[key]
             if entry.born_in_backward and not any(_may_be_recomputed(op) for op in list(entry.rerunnable)):
@@ -222,6 +239,13 @@ class ConstantRegistry:
         storage = self.engine.constant(nbytes, payload=payload)
         self.engine.drop_handle(storage)  # pinned, so never evicted; without a handle the engine does not hold it
         return storage
+
+
+def _viewed_elsewhere(entry: ConstantEntry, *, dying: bool = False) -> bool:
+    """Does anything but the entry's own record hold the bytes of its storage (a tensor, another storage object)?
+    `dying`: asked from the weak reference's callback of a tensor on it, which still holds its storage then."""
+    untyped = buffer(entry.storage).untyped
+    return untyped is not None and torch._C._storage_Use_Count(untyped._cdata) > (2 if dying else 1)
 
 
 def _may_be_recomputed(op: Operation) -> bool:

@@ -97,3 +97,32 @@ def test_the_snapshot_taken_before_an_outside_tensor_is_mutated_counts_in_the_st
     assert runtime.constants.snapshot_bytes == N * 4
     assert held >= 2 * N * 4, f"the step counts {held} B: y ({N * 4} B) and the snapshot ({N * 4} B) at least"
     torch.testing.assert_close(total, expected.sum())
+
+
+class _Tanh(torch.nn.Module):
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ w)
+
+
+def test_a_compiled_output_evicted_after_its_input_was_written_in_place_comes_back_from_the_old_value() -> None:
+    """A compiled region reads `w`; the program then writes `w` in place and the runtime evicts the output. The
+    recompute must read w's old value (a snapshot). Compiled parts were not noted as readers of the outside tensors
+    they take, and AOTAutograd hands them aliases that die at once, so the mutation found no reader to keep the old
+    value for: the output came back computed from the new `w`, 2.0 off, silently."""
+    from dtr_compile.runtime.runtime import current_step
+
+    torch.manual_seed(0)
+    x, w = torch.randn(256, 256, requires_grad=True), torch.randn(256, 256)
+    torch._dynamo.reset()
+    with dtr_compile.config.patch(memory_budget=64 << 20, codegen="fx"):
+        compiled = torch.compile(_Tanh(), backend="dtr")
+        for step in range(3):  # code after the call is under the runtime from the second step on (README)
+            old = w.clone()
+            y = compiled(x, w)
+            w.add_(1.0)
+            if step > 0:
+                runtime = current_step()
+                runtime.engine.evict(runtime.index.lookup(y))  # as the heuristic may
+                assert y.untyped_storage().nbytes() == 0
+                torch.testing.assert_close(y.detach().clone(), torch.tanh(x @ old).detach())
+            y.sum().backward()
