@@ -47,7 +47,7 @@ from ..errors import BudgetError, format_bytes
 from ..passes.costs import is_random
 from ..passes.meta import cost_of
 from ..passes.partition import DTRPartitioner, PlanReport
-from ..passes.storage import LEAST_TAIL, Tail, assumed_tail, tangent_placeholders
+from ..passes.storage import LEAST_TAIL, Tail, assumed_tail, tangent_bytes, tangent_placeholders
 from ..runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint, device_of
 from ..runtime.implicit import STEPS
 from ..runtime.runtime import current_step
@@ -258,7 +258,7 @@ def _assumed_tail(report: PlanReport) -> Tail:
     """The tail the plan of `report` was made with, before a step measured one (storage.py): the assumed one, or
     the least (LEAST_TAIL) where the assumed one left the budget no plan."""
     tangents = tangent_placeholders(report.planned.graph)
-    return assumed_tail(tangents, sum(tensor_nbytes(n.meta.get("val")) for n in tangents))
+    return assumed_tail(tangents, tangent_bytes(tangents))
 
 
 def _fx_copy(graph: fx.GraphModule) -> fx.GraphModule:

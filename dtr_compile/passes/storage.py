@@ -89,11 +89,16 @@ LEAST_TAIL = Tail(-1, -1)
 LEAST_TAIL_META_KEY = "dtr_tail_least"  # on the tangents beside TAIL_META_KEY: the tail is LEAST_TAIL's, not measured
 
 
+def tangent_bytes(tangents: Iterable[fx.Node]) -> int:
+    """Bytes of a graph's incoming gradients (`tangent_placeholders`), from their example values."""
+    return sum(tensor_nbytes(t.meta.get("val")) for t in tangents)
+
+
 def resolved_tail(tail: Tail, tangents: Iterable[fx.Node]) -> Tail:
     """`tail`, with LEAST_TAIL made the bytes of `tangents`."""
     if tail != LEAST_TAIL:
         return tail
-    return Tail(sum(tensor_nbytes(t.meta.get("val")) for t in tangents), 0)
+    return Tail(tangent_bytes(tangents), 0)
 
 
 def assumed_tail(tangents: Iterable[fx.Node], tangent_bytes: int) -> Tail:

@@ -38,11 +38,10 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import BudgetError, format_bytes
 from ..measure import measure_peak
-from ..tensor_bytes import tensor_nbytes
 from . import plan_cache
 from .partition import DTRPartitioner, PlanReport, cache_entry, model_scale_for
 from .planner import paused_gc
-from .storage import assumed_tail, tangent_placeholders
+from .storage import assumed_tail, tangent_bytes, tangent_placeholders
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +133,7 @@ def loop_drops_outputs(report: PlanReport) -> bool:
     if joint is None:  # a report made without a joint graph (tests' stand-ins): the assumed tail's loop
         return False
     tangents = tangent_placeholders(joint.graph)
-    nbytes = sum(tensor_nbytes(t.meta.get("val")) for t in tangents)
+    nbytes = tangent_bytes(tangents)
     return nbytes > 0 and assumed_tail(tangents, nbytes).at_backward_bytes < nbytes
 
 
