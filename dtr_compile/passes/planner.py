@@ -53,8 +53,9 @@ import bisect
 import contextlib
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import fx
 
@@ -68,6 +69,7 @@ __all__ = ["Emitted", "Plan", "Version", "plan_schedule"]
 STEP_FRACTION = 0.02  # each step of the search frees about this fraction of the current peak
 AREA_FRACTION = 0.97  # at equal peak, a step must lower the memory above this fraction of the peak
 GREEDY_ALONGSIDE = 100  # with a chain, the greedy search also runs on graphs with at most this many candidates
+FILL_PATIENCE = 32  # fill stops after this many rejections in a row (see _fill_pass)
 HOIST_REACH = 4  # a recompute burst may move up to this many allocating backward ops earlier
 
 
@@ -342,7 +344,8 @@ class _Search:
         The search only ever drops values, and it starts from the min-cut partition, which recomputes cheap
         values whatever the budget. Once the budget is met, each dropped value, dearest recompute per byte
         first, is saved again when the plan then still fits and recomputes less (an exact ILP found the
-        search recomputing 1.94x the optimum's time on a residual block, from min-cut's recomputes alone)."""
+        search recomputing 1.94x the optimum's time on a residual block, from min-cut's recomputes alone);
+        then each split recompute, fewest recomputes first, is merged back the same way."""
         state = self.state
         rows = []
         for node in state.dropped:
@@ -350,19 +353,36 @@ class _Search:
             cost = self._recompute_cost(node, state.dropped, state.trace, fresh=True) or 0.0
             rows.append((-cost / max(freed, 1), self.position[node], node))
         rows.sort(key=lambda row: row[:2])
-        for _, _, node in rows:
-            new = self.evaluate(
-                state.dropped - {node}, state.forget, state.hoist, fitting=(budget, state.trace.recompute_s)
-            )
-            if new is not None:
-                state = new
-        for split in sorted(state.forget, key=lambda item: (item[1], self.position[item[0]])):  # fewer recomputes
-            new = self.evaluate(
-                state.dropped, state.forget - {split}, state.hoist, fitting=(budget, state.trace.recompute_s)
-            )
-            if new is not None:
-                state = new
+        state = self._fill_pass(
+            state,
+            [node for _, _, node in rows],
+            budget,
+            lambda s, group: (s.dropped - set(group), s.forget, s.hoist),
+        )
+        splits = sorted(state.forget, key=lambda item: (item[1], self.position[item[0]]))
+        state = self._fill_pass(state, splits, budget, lambda s, group: (s.dropped, s.forget - set(group), s.hoist))
         self.state = state
+        return state
+
+    def _fill_pass(self, state: PlanState, items: list[Any], budget: int, undo: Callable) -> PlanState:
+        """Undo `items` in order while the plan fits `budget` and recomputes less.
+
+        Each evaluation simulates the whole schedule, so undoing items one by one cost one simulation per
+        dropped value: quadratic in the graph, 37 of a 58 s compile on an unrolled LSTM of 1,780 nodes (and
+        minutes at 3x the length). Runs of accepted items are undone in growing groups (a prefix of the
+        dearest values usually fits together), and the pass stops after FILL_PATIENCE rejections in a row:
+        past that point the budget is spent (on that LSTM, 3 of 77 acceptances came later)."""
+        i, group_size, misses = 0, 1, 0
+        while i < len(items) and misses < FILL_PATIENCE:
+            group = items[i : i + group_size]
+            new = self.evaluate(*undo(state, group), fitting=(budget, state.trace.recompute_s))
+            if new is not None:
+                state, i, misses = new, i + len(group), 0
+                group_size *= 2
+            elif group_size > 1:
+                group_size = 1  # retry the first of the group alone
+            else:
+                i, misses = i + 1, misses + 1
         return state
 
 

@@ -11,7 +11,8 @@ eager's measured peak over the same batches), each method runs in a fresh proces
       run as operations of the runtime, the code between them under it);
   (c) PyTorch's `activation_memory_budget` (aot_eager, the knob set to the same fraction; it plans each
       compiled region alone and does not see the code between regions).
-Warm-up steps go through every batch shape once (compiles), then the measured steps cycle through the same
+Warm-up steps go through every batch shape twice (compiles, then each region plans again with the loss tail its
+first step measured, backend/region.py), then the measured steps cycle through the same
 batches. Peak = the largest measured peak of the measured steps (profiler allocation events, DESIGN.md);
 time = median process CPU time of a step (robust to other load on the machine), as a ratio to plain eager
 on the same batches; correct = loss and gradients equal to plain eager's on every measured step.
@@ -84,7 +85,7 @@ def _run(name: str, size: str, method: str, fraction: float | None, peak_ref: in
         return loss, grads, measured.peak_bytes, sample.cpu_s
 
     try:
-        for step in range(BATCHES):  # warm-up: every shape once (compiles, calibration)
+        for step in range(2 * BATCHES):  # warm-up: every shape twice (compiles, then the plan with its measured tail)
             one(step)
         results = [one(step) for step in range(BATCHES, BATCHES + MEASURED)]
         stats = None
