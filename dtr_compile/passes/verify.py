@@ -9,7 +9,8 @@ The budget is about measured memory, so under Inductor the backend measures the 
     run one training step of the region on stand-ins of its inputs, measure its peak (measure.py)
     if the measured peak is above the budget, or below BAND x the budget:
         plan once more, aimed with this plan's own ratio, and compile (keep the first if the second exceeds)
-    neither meets it: BudgetError naming the lower measured peak (a budget that plan is shown to meet)
+    neither meets it: compile the planner's lowest plan (when it is neither of them), and if that does not meet it
+    either, BudgetError naming the lowest measured peak (a budget that plan is shown to meet)
 
 At most MAX_COMPILES compiles per region (issue 17: one plan, not a search of compiled candidates; each Inductor
 compile costs 15-100 s on CPU). The ratio measured / modelled is kept per graph (plan_cache.py), so later budgets
@@ -44,7 +45,6 @@ from .planner import paused_gc
 from .storage import assumed_tail, tangent_bytes, tangent_placeholders
 
 log = logging.getLogger(__name__)
-
 
 
 def measure_region(
@@ -152,7 +152,7 @@ def compile_within_budget(
         if error.budget_bytes is None or getattr(error, "from_cache", False):
             raise
         run.first_key = partitioner.cache_key
-        return run.floor_plan(error, None)
+        return run.floor_plan(error, [])
     run.first_key = partitioner.cache_key
     if not partitioner.reports:
         return compiled
@@ -177,18 +177,20 @@ def compile_within_budget(
     except BudgetError as error:
         if fits is not None:
             return run.keep(*fits)
-        return run.floor_plan(error, (compiled, report))
+        return run.floor_plan(error, [(compiled, report)])
     again = partitioner.reports.pop()
     measured_again = run.measure(second, again)
     if measured_again is None or measured_again <= budget:
         return run.keep(second, again)
     if fits is not None:
         return run.keep(*fits)
-    raise run.too_small(budget, [(compiled, report), (second, again)])
+    return run.lowest_plan(budget, [(compiled, report), (second, again)])
 
 
 # Plans measured below this fraction of the budget are planned once more, aimed higher (issue 17's band).
 BAND = 0.90
+MAX_COMPILES = 2  # compiles of one region at compile time: a plan, and one more aimed by the first's measurement
+# (and on the way to a BudgetError, the planner's lowest plan: `_Attempts.lowest_plan`)
 
 
 class _Attempts:
@@ -233,24 +235,24 @@ class _Attempts:
         return compiled
 
     def floor_plan(
-        self, error: BudgetError, tried: tuple[Callable[..., Any], PlanReport] | None
+        self, error: BudgetError, tried: list[tuple[Callable[..., Any], PlanReport]], limit: int = MAX_COMPILES
     ) -> Callable[..., Any]:
         """The planner cannot reach the budget: compile its lowest plan and measure it (the model may be
         pessimistic); it is kept if it meets the budget, else BudgetError names the lowest measured peak of it and
-        of `tried` (a compiled plan that measured above the budget)."""
+        of `tried` (compiled plans that measured above the budget). At most `limit` compiles in all."""
         budget = error.budget_bytes
         floor = getattr(error, "modelled_floor_bytes", None)
-        if floor is None or budget is None or self.times.compiles >= MAX_COMPILES:
-            if tried is not None and budget is not None:
-                raise self.too_small(budget, [tried])
+        if floor is None or budget is None or self.times.compiles >= limit:
+            if tried and budget is not None:
+                raise self.too_small(budget, tried)
             raise error
         self.partitioner.first = False
         self.partitioner.model_scale = floor / budget
         try:
             compiled = self.compile()
         except BudgetError:
-            if tried is not None:
-                raise self.too_small(budget, [tried]) from None
+            if tried:
+                raise self.too_small(budget, tried) from None
             raise error from None
         report = self.partitioner.reports.pop()
         report.budget_bytes = budget
@@ -259,7 +261,25 @@ class _Attempts:
             raise error
         if measured <= budget:
             return self.keep(compiled, report)
-        raise self.too_small(budget, [c for c in (tried, (compiled, report)) if c is not None])
+        raise self.too_small(budget, [*tried, (compiled, report)])
+
+    def lowest_plan(self, budget: int, tried: list[tuple[Callable[..., Any], PlanReport]]) -> Callable[..., Any]:
+        """Both plans aimed at the budget measured above it, but the planner's lowest plan may still meet it: its
+        modelled peak is lower than theirs. Without this, a budget that an earlier BudgetError named (the lowest
+        plan's measured peak) did not run in a process without that plan cached: aimed from a different
+        calibration, both plans landed above it (Llama at the CPU stand-in named 76.5 MiB, then failed there
+        naming 80.6). Planning to a 1-byte target finds the lowest plan's modelled peak, then that plan is
+        compiled once: a third compile, on the way to a BudgetError only."""
+        self.partitioner.first = False
+        self.partitioner.model_scale = 1 / budget
+        try:
+            self.compile()
+        except BudgetError as error:
+            floor = getattr(error, "modelled_floor_bytes", None)
+            if floor is not None and floor >= min(report.planned_peak.peak_bytes for _, report in tried):
+                raise self.too_small(budget, tried) from None  # the lowest plan is one of those tried
+            return self.floor_plan(error, tried, limit=MAX_COMPILES + 1)
+        raise AssertionError("a plan held to a 1-byte target fitted")  # pragma: no cover - nothing fits 1 byte
 
     def too_small(self, budget: int, tried: list[tuple[Callable[..., Any], PlanReport]]) -> BudgetError:
         """BudgetError naming the lowest measured peak of the plans tried; that plan is kept in the plan cache
@@ -279,9 +299,6 @@ class _Attempts:
                 {"message": str(error), "budget_bytes": budget, "smallest_feasible_bytes": smallest},
             )
         return error
-
-
-MAX_COMPILES = 2  # compiles of one region at compile time: a plan, and one more aimed by the first's measurement
 
 
 def _too_small(budget_bytes: int, smallest: int) -> BudgetError:

@@ -1,7 +1,7 @@
 """The compile-time measurement (passes/verify.py `compile_within_budget`) with a stand-in planner and measurement:
-at most two compiles per region, the second aimed by the first's measured / modelled ratio; a budget neither meets
-raises BudgetError naming the lower measured peak (hold or raise), and a budget the planner cannot reach compiles
-its lowest plan once."""
+at most two compiles per region, the second aimed by the first's measured / modelled ratio (a third, the planner's
+lowest plan, on the way to a BudgetError); a budget none meets raises BudgetError naming the lowest measured peak
+(hold or raise), and a budget the planner cannot reach compiles its lowest plan once."""
 
 from __future__ import annotations
 
@@ -100,3 +100,23 @@ def test_a_budget_below_the_planners_reach_compiles_its_lowest_plan_once(monkeyp
 def test_without_a_measurement_the_planner_error_stands(monkeypatch) -> None:
     with pytest.raises(BudgetError, match="too low"):
         _run(monkeypatch, 900, lambda target: None)
+
+
+def test_when_both_aimed_plans_exceed_the_lowest_plan_is_compiled_once_more(monkeypatch) -> None:
+    # A budget an earlier BudgetError named (the lowest plan's measured peak), in a process without the plan cache:
+    # both plans aimed at it measure above it, the lowest plan meets it (issue 17: "that named floor runs").
+    measured = {FLOOR: 1500}
+    planner, compiled = _run(monkeypatch, 1500, lambda target: measured.get(target, 1600))
+    assert planner.targets[-1] == FLOOR and compiled.target == FLOOR and planner.times.compiles == 3
+    assert planner.reports[-1].measured_peak_bytes == 1500
+
+
+def test_when_the_second_plan_is_already_the_lowest_it_is_not_compiled_again(monkeypatch) -> None:
+    # The first plan measures 1.9x its model, so the second is aimed at FLOOR itself: it is the lowest plan.
+    measured = {1900: 3610, FLOOR: 2100}
+    planner = StandInPlanner(2000, lambda target: measured[target])
+    monkeypatch.setattr(verify, "measure_region", lambda compiled, inputs, **_: planner.measured_at(compiled.target))
+    with pytest.raises(BudgetError) as raised:
+        verify.compile_within_budget(planner.compile_once, [], planner)
+    assert planner.targets == [1900, FLOOR] and planner.times.compiles == 2
+    assert raised.value.smallest_feasible_bytes == 2100
