@@ -42,7 +42,16 @@ from .peak import PeakModel, schedule_peak
 from .planner import Plan, paused_gc, plan_schedule
 from .realize import pin_values_before_recomputes
 from .rewrite import emit_plan
-from .storage import LEAST_TAIL, LEAST_TAIL_META_KEY, TAIL_META_KEY, Tail, resolved_tail, tangent_placeholders
+from .storage import (
+    LEAST_TAIL,
+    LEAST_TAIL_META_KEY,
+    TAIL_META_KEY,
+    Tail,
+    assumed_tail,
+    resolved_tail,
+    tangent_bytes,
+    tangent_placeholders,
+)
 
 try:  # Inductor's interface for custom partitioners (keys its caches by our uuid)
     from torch._inductor.custom_graph_pass import CustomPartitionerFn as _PartitionerBase
@@ -100,6 +109,17 @@ class PlanReport:
     from_cache: bool = False  # read from the plan cache: not planned (and, under Inductor, not measured) again
     times: CompileTimes = field(default_factory=CompileTimes)  # the region's first call so far (shared per region)
     baseline_plan: Plan | None = None  # the no-remat schedule's plan (what `no_remat` models)
+
+    @property
+    def loop_drops_outputs(self) -> bool:
+        """Does the training loop this plan was made for let the region's outputs go before the backward? Its tail
+        says so (storage.Tail): what it holds at the backward's start is less than the incoming gradients, as after
+        `loss_fn(model(x)).backward()`. The assumed tail holds them; a measured one or the least one may not.
+        verify.py measures the region that way: with the outputs held instead, a language model's region was charged
+        its logits (8 MiB for Llama at the CPU stand-in) through the whole backward, which its step does not hold."""
+        tangents = tangent_placeholders(self.joint.graph)
+        nbytes = tangent_bytes(tangents)
+        return nbytes > 0 and assumed_tail(tangents, nbytes).at_backward_bytes < nbytes
 
 
 # Under Inductor a plan aims its *measured* peak at this fraction of the budget: the middle of issue 17's band

@@ -42,7 +42,6 @@ from ..measure import measure_peak
 from . import plan_cache
 from .partition import DTRPartitioner, PlanReport, cache_entry, model_scale_for
 from .planner import paused_gc
-from .storage import assumed_tail, tangent_bytes, tangent_placeholders
 
 log = logging.getLogger(__name__)
 
@@ -121,20 +120,6 @@ def measure_region(
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
     return measurement.peak_bytes
-
-
-def loop_drops_outputs(report: PlanReport) -> bool:
-    """Does the training loop the plan of `report` was made for let the region's outputs go before the backward?
-    Its tail says so (storage.Tail): what it holds at the backward's start is less than the incoming gradients, as
-    after `loss_fn(model(x)).backward()`. The assumed tail holds them; a measured one or the least one may not.
-    Measured with the outputs held instead, a language model's region is charged its logits (8 MiB for Llama at
-    the CPU stand-in) through the whole backward, which the step it runs in does not hold."""
-    joint = getattr(report, "joint", None)
-    if joint is None:  # a report made without a joint graph (tests' stand-ins): the assumed tail's loop
-        return False
-    tangents = tangent_placeholders(joint.graph)
-    nbytes = tangent_bytes(tangents)
-    return nbytes > 0 and assumed_tail(tangents, nbytes).at_backward_bytes < nbytes
 
 
 def compile_within_budget(
@@ -218,7 +203,7 @@ class _Attempts:
 
     def measure(self, compiled: Callable[..., Any], report: PlanReport) -> int | None:
         start = time.perf_counter()
-        measured = measure_region(compiled, self.example_inputs, outputs_dropped=loop_drops_outputs(report))
+        measured = measure_region(compiled, self.example_inputs, outputs_dropped=report.loop_drops_outputs)
         self.times.measure_s += time.perf_counter() - start
         self.times.measures += 1
         report.measured_peak_bytes = measured

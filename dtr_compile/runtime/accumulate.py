@@ -27,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from .. import compat
+from .backward_pass import in_backward_pass
 from .values import TensorValue, storage_key
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class _Probe(TorchDispatchMode):
         self.seen: list[tuple[int, int]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        if func is _ADD and torch._C._current_graph_task_id() != -1:
+        if func is _ADD and in_backward_pass():
             self.seen.append(_counts(args[0]))
         return func(*args, **(kwargs or {}))
 
@@ -74,7 +75,7 @@ def calibrate() -> None:
     """Learn, once a process, the counts that tell an argument one owner holds alone. Call it outside any
     backward pass (a step's start); it leaves the in-place path off where the probe gives no clear answer."""
     global _unique_counts
-    if _unique_counts is not None or torch._C._current_graph_task_id() != -1 or torch.is_inference_mode_enabled():
+    if _unique_counts is not None or in_backward_pass() or torch.is_inference_mode_enabled():
         return
     try:
         with _disable_current_modes(), torch.enable_grad():
@@ -93,7 +94,7 @@ def accumulation_target(func: Any, args: tuple, kwargs: dict, leaves: list[Any],
         return None
     if not compat.uses_storage_swap():  # a release without the swap, or a test of the in-place refill path
         return None
-    if torch._C._current_graph_task_id() == -1 or torch.is_grad_enabled() or len(args) != 2:
+    if not in_backward_pass() or torch.is_grad_enabled() or len(args) != 2:
         return None
     a, b = args
     value = leaves[0]

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ..compat import uses_storage_swap
 from ..engine import Storage
 from ..errors import BudgetError
+from .backward_pass import in_backward_pass
 from .interface import RuntimeInterface
 from .operations import Inputs, record_outputs
 from .recipe import OutputSource, Recipe, RngState
@@ -117,7 +118,7 @@ class CompiledPart:
         runtime = active_runtime()
         if runtime is None:
             return self.inner(args)
-        if not runtime.in_backward and torch._C._current_graph_task_id() != -1:
+        if not runtime.in_backward and in_backward_pass():
             runtime.backward_began()
         tail_of = self.tail_of
         if tail_of is not None and tail_of[1] == "backward":
@@ -362,7 +363,7 @@ def record_by_slices(
     # The outside tensors the part read (parameters, inputs): if the program writes one in place later in the step,
     # a rerun of these records must read its old value, which the registry keeps only for the consumers it knows
     # (constants.py). Unnoted, an evicted output came back computed from the new value, silently.
-    in_backward = torch._C._current_graph_task_id() != -1
+    in_backward = in_backward_pass()
     for storage in new:
         op = storage.producer
         for read in op.inputs if op is not None else ():

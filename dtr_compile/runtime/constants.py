@@ -42,6 +42,7 @@ import torch
 from .. import config
 from ..engine import Engine, Operation, Storage
 from ..errors import DTRError, UnsupportedWrapperError
+from .backward_pass import in_backward_pass
 from .values import Buffer, TensorValue, buffer, storage_key
 
 # How far the liveness search below walks before it assumes the old value is needed (and snapshots).
@@ -49,19 +50,19 @@ _LIVENESS_SEARCH_LIMIT = 256
 
 
 class ConstantEntry:
-    __slots__ = ("born_in_backward", "consumers", "on_death", "rerunnable", "storage", "tensor", "values")
+    __slots__ = ("born_in_backward", "consumers", "on_death", "storage", "tensor", "values")
 
     def __init__(self, storage: Storage, tensor: torch.Tensor, on_death) -> None:
-        self.born_in_backward = torch._C._current_graph_task_id() != -1  # first seen in a backward pass
+        self.born_in_backward = in_backward_pass()  # first seen in a backward pass
         self.storage = storage
         self.on_death = on_death
         # A tensor on the storage, weakly: the entry follows the storage, not this object. When it dies while other
         # tensors still view the bytes (it was an alias made for one call: AOTAutograd hands compiled code such
         # aliases of parameters), the entry stays, its consumers with it, and `value_of` points it at the next one.
         self.tensor = weakref.ref(tensor, on_death)
-        self.consumers: weakref.WeakSet[Operation] = weakref.WeakSet()
-        # Those of `consumers` recorded outside a backward pass: the only ones a recompute may rerun.
-        self.rerunnable: weakref.WeakSet[Operation] = weakref.WeakSet()
+        # The recorded ops that read it -> whether one was recorded outside a backward pass (the only ones a
+        # recompute may rerun).
+        self.consumers: weakref.WeakKeyDictionary[Operation, bool] = weakref.WeakKeyDictionary()
         # id(tensor object) -> (weak tensor, its value): a parameter read by every step gets one value, not one
         # per op (values are immutable until a mutation snapshot moves them, which clears this cache).
         self.values: dict[int, tuple[weakref.ref, TensorValue]] = {}
@@ -148,9 +149,7 @@ class ConstantRegistry:
         """`op` read the outside tensor of `storage`; `in_backward`: it ran in a backward pass (never rerun)."""
         entry = self.entry_of(storage)
         if entry is not None:
-            entry.consumers.add(op)
-            if not in_backward:
-                entry.rerunnable.add(op)
+            entry.consumers[op] = entry.consumers.get(op, False) or not in_backward
 
     def live_tensors(self) -> Iterable[torch.Tensor]:
         for entry in list(self._entries.values()):
@@ -183,8 +182,7 @@ class ConstantRegistry:
         live = old.untyped
         storage.payload = Buffer(snapshot, old.device, shared=False)  # what recorded ops read from now on
         entry.storage = self._pinned(storage.nbytes, Buffer(live, old.device, shared=True))
-        entry.consumers = weakref.WeakSet()
-        entry.rerunnable = weakref.WeakSet()
+        entry.consumers = weakref.WeakKeyDictionary()
         entry.values.clear()
         return storage
 
@@ -228,7 +226,8 @@ class ConstantRegistry:
                 return  # another tensor still views these bytes: the entry stays (see ConstantEntry)
             if entries.get(key) is entry:
                 del entries[key]
-            if entry.born_in_backward and not any(_may_be_recomputed(op) for op in list(entry.rerunnable)):
+            rerunnable = [op for op, outside_backward in list(entry.consumers.items()) if outside_backward]
+            if entry.born_in_backward and not any(_may_be_recomputed(op) for op in rerunnable):
                 buffer(entry.storage).loosen()
 
         entry = ConstantEntry(storage, tensor, forget)

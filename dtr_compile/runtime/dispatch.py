@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..roofline import estimate_call
 from .accumulate import accumulation_target, add_in_place, calibrate
+from .backward_pass import in_backward_pass
 from .calls import flatten_call, flatten_result, op_info, written_leaves
 from .interface import RuntimeInterface
 from .operations import Inputs, record_outputs
@@ -57,7 +58,7 @@ class DTRMode(TorchDispatchMode):
             return func(*args, **(kwargs or {}))
         if func in _ALIAS_OPS and runtime.recorder is None:
             return _alias(runtime, func, args, kwargs or {})
-        if torch._C._current_graph_task_id() != -1:
+        if in_backward_pass():
             if not runtime.in_backward:
                 runtime.backward_began()
             if runtime.on_backward is not None:

@@ -48,6 +48,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _get_current_dispatch_mode_stack, _pop_mode
 
 from .. import config
+from .backward_pass import in_backward_pass
 from .runtime import Runtime, current_step
 
 _PYTHON_KEYS = (torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnapshot)
@@ -144,7 +145,7 @@ class StepScope:
         return (
             not self.left
             and threading.get_ident() == self.steps.thread
-            and torch._C._current_graph_task_id() == -1  # the engine would put them back when the pass ends
+            and not in_backward_pass()  # the engine would put them back when the pass ends
             and not (self.outside and _inside_compiled_frame())  # Dynamo's guard would restore the Python key
         )
 
@@ -197,7 +198,7 @@ class StepScope:
 
     def _on_empty(self) -> None:
         """The last tensor of the step died: before a backward, nothing of the step can be used any more."""
-        if self.backward_began or torch._C._current_graph_task_id() != -1:
+        if self.backward_began or in_backward_pass():
             return
         self.emptied = True
         if _get_current_dispatch_mode() is not self._mode:  # inside one of the step's own operations
@@ -268,7 +269,7 @@ class ThreadSteps:
         """Pop modes and hooks of left scopes that were not on top of the stacks when they left."""
         if not (self.leftover_modes or self.leftover_packs):
             return
-        if torch._C._current_graph_task_id() != -1 or _inside_compiled_frame():
+        if in_backward_pass() or _inside_compiled_frame():
             return
         popped = False
         while self.leftover_modes and _get_current_dispatch_mode() in self.leftover_modes:
@@ -472,7 +473,7 @@ def _reporting(original: Any) -> Any:
             returned = True
             return result
         finally:
-            if torch._C._current_graph_task_id() == -1 and not _tracing():  # not a backward inside a backward
+            if not in_backward_pass() and not _tracing():  # not a backward inside a backward
                 error = STEPS.here.after_backward_call()
                 if error is not None and returned:
                     raise error

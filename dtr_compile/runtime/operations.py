@@ -18,6 +18,7 @@ import torch
 
 from ..compat import uses_storage_swap
 from ..engine import Storage
+from .backward_pass import in_backward_pass
 from .interface import RuntimeInterface
 from .recipe import OutputSource
 from .refill import copy_refill_bytes
@@ -118,7 +119,7 @@ def record_outputs(
         workspace = max(workspace, copy_refill_bytes(recipe, out_sizes, fresh[0][1].device))
     op = engine.record(name, storages, out_sizes, cost, payload=recipe,
                        consumes=[*(s for s, _ in versioned.values()), *consumed], workspace=workspace)
-    in_backward = torch._C._current_graph_task_id() != -1
+    in_backward = in_backward_pass()
     for storage in storages:
         if storage.producer is None:
             rt.constants.note_consumer(storage, op, in_backward=in_backward)

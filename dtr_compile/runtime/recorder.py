@@ -16,10 +16,9 @@ import os
 from collections.abc import Sequence
 from typing import IO
 
-import torch
-
 from ..engine import Storage
 from ..oplog.writer import LogWriter
+from .backward_pass import in_backward_pass
 
 
 class TraceRecorder:
@@ -74,6 +73,6 @@ class TraceRecorder:
         self.writer.close()
 
     def _mark_backward(self) -> None:
-        if not self._in_backward and torch._C._current_graph_task_id() != -1:
+        if not self._in_backward and in_backward_pass():
             self._in_backward = True
             self.writer.annotate_backward()

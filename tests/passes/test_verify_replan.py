@@ -44,7 +44,7 @@ class StandInPlanner:
         no_remat = SimpleNamespace(peak_bytes=10**9)
         report = SimpleNamespace(
             planned_peak=SimpleNamespace(peak_bytes=target), no_remat=no_remat, budget_bytes=self.budget,
-            measured_peak_bytes=None, from_cache=False, replans=0,
+            measured_peak_bytes=None, from_cache=False, replans=0, loop_drops_outputs=False,
         )  # fmt: skip
         self.reports.append(report)
         return SimpleNamespace(target=target)
