@@ -170,6 +170,7 @@ class Region:
                 raise
             step_budget = key[1]  # type: ignore[index]
             held = max(0, step_budget - budget)
+            least_floor = None  # the floor with the least tail, when that was tried and failed too
             if floor > step_budget and tail is None and not self._tail_decided:
                 # The floor holds room for the assumed tail, which may be far more than this step's loss needs.
                 # Before a step has measured it, plan with the least tail (storage.LEAST_TAIL) if that fits: the
@@ -177,8 +178,8 @@ class Region:
                 # tail, and the next step plans with it (`_measured_tail`) or names the floor that one sets.
                 try:
                     self._compiled = self._compile_with(budget, example_inputs, LEAST_TAIL)
-                except BudgetError:
-                    pass
+                except BudgetError as least:
+                    least_floor = least.smallest_feasible_bytes
                 else:
                     self._key = key
                     return
@@ -190,7 +191,9 @@ class Region:
                     f"memory budget {format_bytes(step_budget)} ({step_budget} bytes) is below what this step "
                     f"needs: its compiled region {self.name} alone needs {format_bytes(floor)}"
                     + (f", and the step holds {format_bytes(held)} when it begins" if held else "")
-                    + f". Set dtr_compile.config.memory_budget to at least {floor + held} bytes.",
+                    + f". Set dtr_compile.config.memory_budget to at least {floor + held} bytes"
+                    + _least_tail_note(least_floor, floor, held)
+                    + ".",
                     budget_bytes=step_budget,
                     smallest_feasible_bytes=floor + held,
                 ) from error
@@ -317,3 +320,15 @@ def _mutated_inputs(graph: fx.GraphModule, placeholders: list[fx.Node]) -> list[
             if argument.alias_info is not None and argument.alias_info.is_write and value in position:
                 mutated.add(position[value])
     return sorted(mutated)
+
+
+def _least_tail_note(least_floor: int | None, floor: int, held: int) -> str:
+    """What the BudgetError adds when the least tail's plan failed too: the floor it names holds room for the assumed
+    loss tail (known to run); the step's real tail, measured by a step, may need less, down to the least tail's."""
+    if least_floor is None or least_floor >= floor:
+        return ""
+    return (
+        f" (that holds room for the loss's assumed tail; with the least a loss can hold between the forward and the "
+        f"backward, the incoming gradients, it plans down to {least_floor + held} bytes: a budget between the two "
+        f"runs a first step, which measures the loss, then either runs on or names the floor that loss sets)"
+    )

@@ -9,6 +9,7 @@ and the BudgetError named a floor (2.5 GiB) from running the backward op by op. 
 from __future__ import annotations
 
 import gc
+import re
 
 import pytest
 import torch
@@ -86,6 +87,8 @@ def test_a_budget_only_the_assumed_tail_refuses_runs_and_learns_the_tail() -> No
     with pytest.raises(dtr_compile.BudgetError) as info:
         _train(model, 1 << 20, loss=_sum)
     assumed_floor = info.value.smallest_feasible_bytes
+    least = re.search(r"the incoming gradients, it plans down to (\d+) bytes", str(info.value))
+    assert least is not None and int(least.group(1)) < assumed_floor, info.value  # both floors named
     budget = assumed_floor - BATCH * VOCAB * 2  # half a logits' worth below it
     grads, peak = _train(model, budget, steps=4, loss=_sum)
     assert peak <= budget, f"measured {peak} B above the budget {budget} B"
