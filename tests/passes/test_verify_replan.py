@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dtr_compile.errors import BudgetError
+from dtr_compile.errors import BudgetError, MeasurementError
 from dtr_compile.passes import verify
 from dtr_compile.passes.partition import AIM, CompileTimes
 
@@ -120,3 +120,24 @@ def test_when_the_second_plan_is_already_the_lowest_it_is_not_compiled_again(mon
         verify.compile_within_budget(planner.compile_once, [], planner)
     assert planner.targets == [1900, FLOOR] and planner.times.compiles == 2
     assert raised.value.smallest_feasible_bytes == 2100
+
+
+def _raise_profiler_running(*_args, **_kwargs):
+    raise verify.ProfilerRunning
+
+
+def test_a_region_compiled_inside_a_cpu_profiler_with_no_measured_ratio_is_refused(monkeypatch) -> None:
+    # Held by the model alone it could overrun the budget silently (Llama at the CPU stand-in: 1.085x).
+    planner = StandInPlanner(2000, lambda target: target)
+    monkeypatch.setattr(verify, "measure_region", _raise_profiler_running)
+    with pytest.raises(MeasurementError, match="profiler"):
+        verify.compile_within_budget(planner.compile_once, [], planner)
+
+
+def test_a_region_compiled_inside_a_cpu_profiler_is_kept_when_aimed_by_a_measured_ratio(monkeypatch) -> None:
+    planner = StandInPlanner(2000, lambda target: target)
+    planner.calibration_key = "this graph"
+    monkeypatch.setattr(verify, "measure_region", _raise_profiler_running)
+    monkeypatch.setattr(verify.plan_cache, "calibration", lambda key: 1.1 if key == "this graph" else None)
+    compiled = verify.compile_within_budget(planner.compile_once, [], planner)
+    assert compiled.target == round(2000 * AIM) and planner.times.compiles == 1
