@@ -52,7 +52,7 @@ def measure_region(
     """Peak bytes of one forward + backward of `compiled` above what was live before it; None when the
     inputs cannot be stood in for (symbolic sizes, opaque objects). `ProfilerRunning` on CPU while a profiler runs.
     `outputs_dropped`: the outputs are let go before the backward, as the training loop the plan was made for
-    does (`loops_drop_outputs`); otherwise they are held through it."""
+    does (`PlanReport.loop_drops_outputs`); otherwise they are held through it."""
     inputs: list[Any] = []
     params: list[torch.nn.Parameter] = []  # used as they are; their `.grad` is put back afterwards
     device = torch.device("cpu")

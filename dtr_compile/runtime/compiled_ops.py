@@ -364,11 +364,8 @@ def record_by_slices(
     # a rerun of these records must read its old value, which the registry keeps only for the consumers it knows
     # (constants.py). Unnoted, an evicted output came back computed from the new value, silently.
     in_backward = in_backward_pass()
-    for storage in new:
-        op = storage.producer
-        for read in op.inputs if op is not None else ():
-            if read.producer is None:
-                rt.constants.note_consumer(read, op, in_backward=in_backward)
+    for op in dict.fromkeys(storage.producer for storage in new if storage.producer is not None):
+        rt.constants.note_readers(op, in_backward=in_backward)
     for r in results:
         if isinstance(r, torch.Tensor):
             storage = storage_of.get(storage_key(r))

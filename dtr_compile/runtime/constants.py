@@ -145,11 +145,12 @@ class ConstantRegistry:
         entry = self._entries.get(untyped._cdata) if untyped is not None else None
         return entry if entry is not None and entry.storage is storage else None
 
-    def note_consumer(self, storage: Storage, op: Operation, *, in_backward: bool = False) -> None:
-        """`op` read the outside tensor of `storage`; `in_backward`: it ran in a backward pass (never rerun)."""
-        entry = self.entry_of(storage)
-        if entry is not None:
-            entry.consumers[op] = entry.consumers.get(op, False) or not in_backward
+    def note_readers(self, op: Operation, *, in_backward: bool = False) -> None:
+        """`op` read the outside tensors among its inputs; `in_backward`: it ran in a backward pass (never rerun)."""
+        for storage in op.inputs:
+            entry = self.entry_of(storage) if storage.producer is None else None
+            if entry is not None:
+                entry.consumers[op] = entry.consumers.get(op, False) or not in_backward
 
     def live_tensors(self) -> Iterable[torch.Tensor]:
         for entry in list(self._entries.values()):

@@ -120,9 +120,7 @@ def record_outputs(
     op = engine.record(name, storages, out_sizes, cost, payload=recipe,
                        consumes=[*(s for s, _ in versioned.values()), *consumed], workspace=workspace)
     in_backward = in_backward_pass()
-    for storage in storages:
-        if storage.producer is None:
-            rt.constants.note_consumer(storage, op, in_backward=in_backward)
+    rt.constants.note_readers(op, in_backward=in_backward)
 
     outputs = op.outputs  # all alive: each holds the engine's initial handle until the end of this call
     position = 0
