@@ -84,6 +84,8 @@ class Region:
         self._owner: Callable[[], Any] | None = None  # weak: what this region's steps belong to
         self._tail: Tail | None = None  # the measured tail it plans with (`_measured_tail`), once decided
         self._tail_decided = False
+        # (the step's floor by this region's tightest plan, why) when its plan does not fit the step's budget
+        self._floor_note: tuple[int, str] | None = None
         key, budget = self._plan_budget()
         self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
 
@@ -98,6 +100,9 @@ class Region:
                     self._compile(key, budget, self.example_inputs)
             compiled = self._compiled
             assert compiled is not None
+            runtime = current_step()
+            if self._floor_note is not None and runtime is not None:
+                runtime.note_region_floor(self.name, *self._floor_note)
             return compiled(*args)
         except BaseException:
             if STEPS.running() and current_step() is STEPS.runtime:
@@ -162,6 +167,7 @@ class Region:
 
     def _compile(self, key: Hashable, budget: Budget, example_inputs: Sequence[Any]) -> None:
         tail = key[2] if key[0] == "step" and len(key) > 2 else None  # type: ignore[index]
+        self._floor_note = None
         try:
             self._compiled = self._compile_with(budget, example_inputs, tail)
         except BudgetError as error:
@@ -184,19 +190,17 @@ class Region:
                     self._key = key
                     return
             if floor > step_budget:
-                # Not even a step holding nothing else could run this region: name the step's floor (the region's
-                # own, plus what the step holds when it begins), the budget at which the planner's plan runs.
-                # Running it op by op under the runtime instead ends in a larger, less honest number.
-                raise BudgetError(
-                    f"memory budget {format_bytes(step_budget)} ({step_budget} bytes) is below what this step "
-                    f"needs: its compiled region {self.name} alone needs {format_bytes(floor)}"
+                # Not even a step holding nothing else runs this region's plan. Plan it as tight as it goes and run
+                # it under the runtime, which can run its parts op by op and evict inside them (the eager DTR path:
+                # an unrolled LSTM holds 0.3 of its peak that way). If the step still overruns, its BudgetError
+                # names the step's floor by this plan (the region's own plus what the step holds when it begins)
+                # where that is lower than the op by op path's number (Runtime.note_region_floor).
+                self._floor_note = (
+                    floor + held,
+                    f"its compiled region {self.name} alone needs {format_bytes(floor)}"
                     + (f", and the step holds {format_bytes(held)} when it begins" if held else "")
-                    + f". Set dtr_compile.config.memory_budget to at least {floor + held} bytes"
-                    + _least_tail_note(least_floor, floor, held)
-                    + ".",
-                    budget_bytes=step_budget,
-                    smallest_feasible_bytes=floor + held,
-                ) from error
+                    + _least_tail_note(least_floor, floor, held),
+                )
             # The room left in the step is too small for this region alone: plan it as tight as it goes,
             # and let the runtime evict what is live outside it.
             self._compiled = self._compile_with(floor, example_inputs, tail)

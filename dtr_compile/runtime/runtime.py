@@ -144,6 +144,9 @@ class Runtime:
         self._steps = 0
         self._calibrating = False
         self.failed = False  # an operation of the current step raised
+        # Compiled regions of this step whose planner could not fit them in the step's budget even alone, and run
+        # op by op under it instead: name -> (the step's floor by the planner's plan, the sentence that says so).
+        self.region_floors: dict[str, tuple[int, str]] = {}
         self.on_backward: Callable[[Runtime], None] | None = None  # told when a backward pass runs in a step
         self.in_backward = False  # a backward pass has run in this step (`backward_began`)
 
@@ -195,6 +198,7 @@ class Runtime:
         self._calibrating = False
         self.failed = False
         self.in_backward = False
+        self.region_floors = {}
         self.engine.overrun_need = None
         budget = self._resolved_budget()
         # The budget bounds what the step allocates above what was live when it began.
@@ -296,18 +300,37 @@ class Runtime:
             return None
         return max(engine.peak, engine.overrun_need) - self._step_start_memory
 
+    def note_region_floor(self, region: str, floor_bytes: int, why: str) -> None:
+        """A compiled region runs in this step although its planner's tightest plan needs `floor_bytes` of the
+        step's budget (`why` says so), and runs op by op under it; if the step then overruns, its BudgetError names
+        that floor (`_overrun_error`)."""
+        self.region_floors[region] = (floor_bytes, why)
+
     def _overrun_error(self, needed: int, *, replanned: bool = False) -> BudgetError:
         """`replanned`: compiled regions are planned for the budget, so at another budget the step is not quite
-        the same program (its regions save and recompute other values) and may need a little more."""
+        the same program (its regions save and recompute other values) and may need a little more.
+
+        Where a region ran op by op because its planner's plan did not fit the budget (`note_region_floor`), the
+        step's overrun is that path's number, and at that budget the step is another program: the region runs its
+        plan as one compiled part, and the eager code around it evicts otherwise (a loss step needed 8 MiB op by op
+        under 1 MiB, then 12 MiB under 8 MiB). The planner's floor for the region is named instead, the budget at
+        which its plan runs (an H200 named 2.50 GiB from the op by op path where the plan's floor ran)."""
         budget = self.budget_bytes
-        hint = ""
-        if isinstance(self.memory_budget, float) and self.reference_peak_bytes:  # rounded up: it must cover `needed`
-            hint = f", or the fraction {math.ceil(1000 * needed / self.reference_peak_bytes) / 1000:g}"
+        floor = max(self.region_floors.values(), default=None, key=lambda entry: entry[0])
+        if floor is not None:
+            return BudgetError(
+                f"memory budget {format_bytes(budget)} ({budget} bytes) is below what this step needs: {floor[1]}. "
+                f"Set memory_budget to at least {floor[0]} bytes{self._fraction_hint(floor[0])} (the region's plan "
+                f"runs there; run op by op under this budget, the step needed {format_bytes(needed)}).",
+                budget_bytes=budget,
+                smallest_feasible_bytes=floor[0],
+                is_lower_bound=False,
+            )
         return BudgetError(
             f"memory budget {format_bytes(budget)} ({budget} bytes) is below what this step needs: "
             f"{self.engine.overrun_at}, and the step, finished "
             f"under the smallest budget that let each operation run, needed {format_bytes(needed)} above its start. "
-            f"Set memory_budget to at least {needed} bytes{hint} "
+            f"Set memory_budget to at least {needed} bytes{self._fraction_hint(needed)} "
             + (
                 "(its compiled regions are planned anew for that budget: the step may need a little more)."
                 if replanned
@@ -317,6 +340,12 @@ class Runtime:
             smallest_feasible_bytes=needed,
             is_lower_bound=False,
         )
+
+    def _fraction_hint(self, needed: int) -> str:
+        """", or the fraction f" for a fractional budget (rounded up: it must cover `needed`)."""
+        if isinstance(self.memory_budget, float) and self.reference_peak_bytes:
+            return f", or the fraction {math.ceil(1000 * needed / self.reference_peak_bytes) / 1000:g}"
+        return ""
 
     def _resolved_budget(self) -> int | None:
         budget = self.memory_budget
