@@ -342,7 +342,7 @@ class Runtime:
         )
 
     def _fraction_hint(self, needed: int) -> str:
-        """", or the fraction f" for a fractional budget (rounded up: it must cover `needed`)."""
+        """The text ', or the fraction f' for a fractional budget (rounded up: it must cover `needed`)."""
         if isinstance(self.memory_budget, float) and self.reference_peak_bytes:
             return f", or the fraction {math.ceil(1000 * needed / self.reference_peak_bytes) / 1000:g}"
         return ""
