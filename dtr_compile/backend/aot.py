@@ -62,11 +62,13 @@ def compile_region(
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
         from ..passes.fusion_guard import guarded_inner_compile, keep_distant_matmuls_in_place
+        from ..passes.inlining import PLANNED_PART_SETTINGS
         from ..passes.verify import compile_within_budget
         from ..runtime.runtime import current_step
 
         guarded = guarded_inner_compile(compile_fx_inner)
-        reorder = torch._inductor.config.reorder_for_peak_memory  # Inductor's own setting
+        # Inductor's own settings, for the parts that run torch.compile's partition
+        own = {name: getattr(torch._inductor.config, name) for name in PLANNED_PART_SETTINGS}
 
         def inner_compile(part: fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
             phase = (
@@ -80,16 +82,15 @@ def compile_region(
                 keep_distant_matmuls_in_place(part)
             with (
                 _disable_current_modes(),  # a backward compiled lazily runs inside a step's backward pass
-                torch._inductor.config.patch(reorder_for_peak_memory=reorder if unplanned else False),
+                torch._inductor.config.patch(own if unplanned else PLANNED_PART_SETTINGS),
             ):
                 compiled = (compile_fx_inner if unplanned else guarded)(part, inputs, **kwargs)
             return finish(compiled) if finish is not None else compiled
 
         # Our plan must reach Inductor unchanged: its own partitioner is replaced by ours (as a config
         # patch, which Inductor re-applies when it compiles the backward later), its fusions may not
-        # move nodes away from where the plan put them, nor may its own peak-memory reordering (which
-        # does not know the plan: on a CNN it moved three recomputes planned just before their
-        # convolutions' backwards to the start of the backward, 1.21x the planned peak), and the
+        # move nodes away from where the plan put them, nor may its own peak-memory reordering or its
+        # buffer reuse move allocations and frees (passes/inlining.PLANNED_PART_SETTINGS), and the
         # AOTAutograd cache is bypassed so that
         # every compile plans (and reports) afresh. The backward is compiled with the forward (not on
         # the first backward) so that the result can be measured once, at compile time, and planned
