@@ -262,20 +262,24 @@ def _plan_joint(
     near_top = (
         start_above is not None and budget_bytes is not None and budget_bytes >= start_above * no_remat.peak_bytes
     )
-    if target is None or target >= no_remat.peak_bytes or near_top:
+
+    def report(planned: fx.GraphModule, chosen: Plan, peak: PeakModel) -> PlanReport:
         return PlanReport(
             joint,
-            baseline_gm,
-            baseline,
+            planned,
+            chosen,
             budget_bytes,
             no_remat,
-            no_remat,
+            peak,
             num_fwd_outputs,
             target_bytes=target,
             memory_model=model_name,
             model_scale=model_scale,
             baseline_plan=baseline,
         )
+
+    if target is None or target >= no_remat.peak_bytes or near_top:
+        return report(baseline_gm, baseline, no_remat)
     plan = plan_schedule(joint, target, num_fwd_outputs=num_fwd_outputs, keep=keep, inductor=inductor)
     if not plan.fits:
         # Below the search's reach, the paging planner may still meet the budget by recomputing more.
@@ -286,19 +290,7 @@ def _plan_joint(
         if paged is not None and paged[2].peak_bytes <= target:
             paged_plan, planned, peak = paged
             paged_plan.smallest_peak_bytes = min(floor, peak.peak_bytes)
-            return PlanReport(
-                joint,
-                planned,
-                paged_plan,
-                budget_bytes,
-                no_remat,
-                peak,
-                num_fwd_outputs,
-                target_bytes=target,
-                memory_model=model_name,
-                model_scale=model_scale,
-                baseline_plan=baseline,
-            )
+            return report(planned, paged_plan, peak)
         smallest = math.ceil(floor / model_scale)  # in the user's terms
         error = BudgetError(
             f"memory budget {format_bytes(budget_bytes)} ({budget_bytes} bytes) is below what this graph can "
@@ -317,19 +309,7 @@ def _plan_joint(
             f"planner simulated a peak of {plan.replay_peak_bytes} bytes, the emitted graph models "
             f"{peak.peak_bytes}: please report this with the model that triggered it"
         )
-    return PlanReport(
-        joint,
-        planned,
-        plan,
-        budget_bytes,
-        no_remat,
-        peak,
-        num_fwd_outputs,
-        target_bytes=target,
-        memory_model=model_name,
-        model_scale=model_scale,
-        baseline_plan=baseline,
-    )
+    return report(planned, plan, peak)
 
 
 def _paged_plan(
