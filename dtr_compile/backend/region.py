@@ -47,7 +47,7 @@ from ..errors import BudgetError, format_bytes
 from ..passes.costs import is_random
 from ..passes.meta import cost_of
 from ..passes.partition import DTRPartitioner, PlanReport
-from ..passes.storage import LEAST_TAIL, Tail, assumed_tail, tangent_bytes, tangent_placeholders
+from ..passes.storage import LEAST_TAIL, Tail
 from ..runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint, device_of
 from ..runtime.implicit import STEPS
 from ..runtime.runtime import current_step
@@ -155,7 +155,7 @@ class Region:
         measured = runtime.tails.learned.get(self.name)
         if measured is None:  # it shared its step with another region (tails.py): the assumed one stays
             return None
-        assumed = _assumed_tail(self.reports[-1])
+        assumed = self.reports[-1].tail  # the assumed one, or the least where the assumed one left no plan
         off = max(
             abs(measured.peak_bytes - assumed.peak_bytes), abs(measured.at_backward_bytes - assumed.at_backward_bytes)
         )
@@ -259,13 +259,6 @@ def part_maker(
         )
 
     return finish
-
-
-def _assumed_tail(report: PlanReport) -> Tail:
-    """The tail the plan of `report` was made with, before a step measured one (storage.py): the assumed one, or
-    the least (LEAST_TAIL) where the assumed one left the budget no plan."""
-    tangents = tangent_placeholders(report.planned.graph)
-    return assumed_tail(tangents, tangent_bytes(tangents))
 
 
 def _fx_copy(graph: fx.GraphModule) -> fx.GraphModule:

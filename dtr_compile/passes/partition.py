@@ -111,15 +111,21 @@ class PlanReport:
     baseline_plan: Plan | None = None  # the no-remat schedule's plan (what `no_remat` models)
 
     @property
+    def tail(self) -> Tail:
+        """The loss's tail this plan was made with (storage.Tail): a measured one or the least one where the
+        partitioner put one on the joint graph's tangents, else the assumed one."""
+        tangents = tangent_placeholders(self.joint.graph)
+        return assumed_tail(tangents, tangent_bytes(tangents))
+
+    @property
     def loop_drops_outputs(self) -> bool:
         """Does the training loop this plan was made for let the region's outputs go before the backward? Its tail
-        says so (storage.Tail): what it holds at the backward's start is less than the incoming gradients, as after
+        says so: what it holds at the backward's start is less than the incoming gradients, as after
         `loss_fn(model(x)).backward()`. The assumed tail holds them; a measured one or the least one may not.
         verify.py measures the region that way: with the outputs held instead, a language model's region was charged
         its logits (8 MiB for Llama at the CPU stand-in) through the whole backward, which its step does not hold."""
-        tangents = tangent_placeholders(self.joint.graph)
-        nbytes = tangent_bytes(tangents)
-        return nbytes > 0 and assumed_tail(tangents, nbytes).at_backward_bytes < nbytes
+        nbytes = tangent_bytes(tangent_placeholders(self.joint.graph))
+        return nbytes > 0 and self.tail.at_backward_bytes < nbytes
 
 
 # Under Inductor a plan aims its *measured* peak at this fraction of the budget: the middle of issue 17's band
