@@ -14,8 +14,10 @@ The planner's model of Inductor's memory treats inlined nodes as allocating noth
 living until their last reader (`StorageMap(inlined=...)` for a graph, `schedule.storage_keys(
 inductor=True)` for a plan), and runs every other pointwise op where its first reader needs it
 (`sunk_order`), except the values stored on reuse, which run where the graph lists them. It is a model
-of Inductor's lowering, not Inductor itself: kernel fusion and in-place buffer reuse are not modelled,
-so the compiled code is measured once (verify.py).
+of Inductor's lowering, not Inductor itself: kernel fusion (a fused kernel allocates all its outputs at once) and
+in-place kernels are not modelled, so the compiled code is measured once (verify.py). Inductor's reuse of dead
+buffers, which would keep them allocated past their last reader, is turned off for planned parts
+(PLANNED_PART_SETTINGS).
 """
 
 from __future__ import annotations
