@@ -187,14 +187,23 @@ class Region:
                 except BudgetError as least:
                     least_floor = least.smallest_feasible_bytes
                 else:
+                    # If this first step overruns (its loss holds more than the least tail), name the assumed
+                    # tail's floor, whose plan runs, not the runtime's number for this step (GPT-2 at the CPU
+                    # stand-in named 78.5 MiB from a restore at the step's end, where 54.6 runs).
+                    self._floor_note = (
+                        floor + held,
+                        f"its compiled region {self.name} needs {format_bytes(floor)} with room for the loss's "
+                        "assumed tail, and this first step, planned with the least tail its loss could hold, did not "
+                        "fit" + (f" (the step holds {format_bytes(held)} when it begins)" if held else ""),
+                    )
                     self._key = key
                     return
             if floor > step_budget:
                 # Not even a step holding nothing else runs this region's plan. Plan it as tight as it goes and run
                 # it under the runtime, which can run its parts op by op and evict inside them (the eager DTR path:
                 # an unrolled LSTM holds 0.3 of its peak that way). If the step still overruns, its BudgetError
-                # names the step's floor by this plan (the region's own plus what the step holds when it begins)
-                # where that is lower than the op by op path's number (Runtime.note_region_floor).
+                # names the step's floor by this plan (the region's own plus what the step holds when it begins),
+                # not the op by op path's number (Runtime.note_region_floor).
                 self._floor_note = (
                     floor + held,
                     f"its compiled region {self.name} alone needs {format_bytes(floor)}"
