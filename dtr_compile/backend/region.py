@@ -187,15 +187,6 @@ class Region:
                 except BudgetError as least:
                     least_floor = least.smallest_feasible_bytes
                 else:
-                    # If this first step overruns (its loss holds more than the least tail), name the assumed
-                    # tail's floor, whose plan runs, not the runtime's number for this step (GPT-2 at the CPU
-                    # stand-in named 78.5 MiB from a restore at the step's end, where 54.6 runs).
-                    self._floor_note = (
-                        floor + held,
-                        f"its compiled region {self.name} needs {format_bytes(floor)} with room for the loss's "
-                        "assumed tail, and this first step, planned with the least tail its loss could hold, did not "
-                        "fit" + (f" (the step holds {format_bytes(held)} when it begins)" if held else ""),
-                    )
                     self._key = key
                     return
             if floor > step_budget:
