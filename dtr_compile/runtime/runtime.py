@@ -276,6 +276,15 @@ class Runtime:
         engine = self.engine
         outliving = [s for s in self.index.versions() if s.handles > 0]
         missing = [s for s in outliving if not s.resident]
+        if missing:
+            # A handle may be held only by cyclic garbage, not by the program: a frame kept by an exception's
+            # traceback holds its callers' frames, and the first step's compile (exceptions caught inside TorchDynamo
+            # and the planner) left the compiled module's call frame, output included, in such a cycle. A
+            # collection costs a few hundred milliseconds with a model library loaded; a restore reruns the chain
+            # behind the tensor. (gc is no longer frozen here: end_step.)
+            gc.collect()
+            outliving = [s for s in self.index.versions() if s.handles > 0]
+            missing = [s for s in outliving if not s.resident]
         if not missing:
             return
         for storage in outliving:

@@ -11,6 +11,8 @@ what happened across region boundaries. The FX code generator keeps compiles che
 from __future__ import annotations
 
 import copy
+import gc
+import types
 
 import pytest
 import torch
@@ -181,6 +183,45 @@ def test_a_region_whose_plan_does_not_fit_the_step_runs_op_by_op_within_it(monke
     same = before is not None and implicit_runtime() is runtime
     steps, evictions = (before.steps, before.evictions) if same else (0, 0)
     assert stats.steps - steps == 3 and stats.evictions > evictions, (before, stats)
+
+
+def test_the_first_steps_output_is_not_held_by_garbage_the_compile_left(monkeypatch) -> None:
+    """A compile that catches an exception (here the planner's BudgetError, raised from a frame that holds it, as
+    `passes/partition.py` does) leaves a cycle whose frames reach up to the compiled module's call; a frame keeps
+    its locals after it returns, so the step's output looked held by the program (GPT-2's logits were restored at
+    the first step's end by rerunning the forward). The region collects that garbage before its code runs."""
+    from tests.e2e import compiled_models
+
+    original = dtr_compile.backend.region.Region._compile_with
+    raised: list[int] = []
+
+    def too_tight_once(self, budget, example_inputs, tail=None):
+        if not raised and budget is not None:
+            raised.append(budget)
+            error = dtr_compile.BudgetError("stand-in floor", budget_bytes=budget, smallest_feasible_bytes=budget)
+            raise error
+        # Inside the region's handler the error is alive: a full collection now (the compile-time measurement makes
+        # one, passes/verify.py) moves the cycle to the oldest generation, which TorchDynamo's own collection after
+        # a compile (generation 1) leaves alone.
+        gc.collect()
+        return original(self, budget, example_inputs, tail)
+
+    monkeypatch.setattr(dtr_compile.backend.region.Region, "_compile_with", too_tight_once)
+    model, (x,) = compiled_models.mlp()
+    torch._dynamo.reset()
+    collecting = gc.isenabled()
+    gc.disable()  # only the region's own collection may free the cycle
+    try:
+        with dtr_compile.config.patch(memory_budget=10 * x.numel() * 4, codegen="fx"):
+            compiled = torch.compile(model, backend="dtr")
+            out = compiled(x)
+            assert raised, "the stand-in floor was never raised: the test exercises nothing"
+            holders = [type(r).__name__ for r in gc.get_referrers(out) if isinstance(r, types.FrameType)]
+            out.sum().backward()
+    finally:
+        if collecting:
+            gc.enable()
+    assert not holders, holders
 
 
 def test_forward_and_backward_parts_of_a_batchnorm_cnn_run_op_by_op(monkeypatch) -> None:

@@ -79,3 +79,19 @@ def test_a_restore_that_cannot_fit_raises_a_budget_error_naming_a_budget_that_ru
     torch.testing.assert_close(total, _chain(x, weights))
     torch.testing.assert_close(held, [torch.tanh(x @ w) for w in weights[:4]])
     assert measured.peak_bytes <= needed, (measured.peak_bytes, needed)
+
+
+def test_a_value_held_only_by_cyclic_garbage_is_not_restored() -> None:
+    """A handle kept by a garbage cycle is not the program's: the step's end collects before restoring. The cycle
+    stands for the first step's compile, whose caught exceptions' tracebacks held the compiled module's call frame
+    and its output (GPT-2's logits), which the step's end restored by rerunning the whole forward."""
+    x, weights = _inputs()
+    runtime = dtr_compile.runtime.enable(memory_budget=4 * ACTIVATION)
+    with runtime:
+        total = _chain(x, weights)
+        runtime.engine.evict(runtime.index.lookup(total))
+        before = runtime.stats().rematerializations
+        cycle: list = [total]
+        cycle.append(cycle)
+        del total, cycle
+    assert runtime.stats().rematerializations == before
