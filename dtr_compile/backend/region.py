@@ -105,6 +105,7 @@ class Region:
         self._tail_decided = False
         # (the step's floor by this region's tightest plan, why) when its plan does not fit the step's budget
         self._floor_note: tuple[int, str] | None = None
+        self._least_tail_plan = False  # planned with the least tail: no step had measured the real one
         key, budget = self._plan_budget()
         self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
 
@@ -124,6 +125,9 @@ class Region:
             runtime = current_step()
             if self._floor_note is not None and runtime is not None:
                 runtime.note_region_floor(self.name, *self._floor_note)
+            if self._least_tail_plan and runtime is not None:
+                step_budget = key[1]  # type: ignore[index]
+                runtime.note_region_replan(self.name, lambda: self._replan_with_measured_tail(runtime, step_budget, budget))
             return compiled(*args)
         except BaseException:
             if STEPS.running() and current_step() is STEPS.runtime:
@@ -186,11 +190,23 @@ class Region:
             self._tail = Tail(measured.peak_bytes, measured.at_backward_bytes)
         return self._tail
 
+    def _replan_with_measured_tail(self, runtime: Any, step_budget: int, budget: int) -> tuple[int, str] | None:
+        """After a step planned with the least tail overran: this region's plan for the tail the step measured
+        (the next step's plan, made now), and its floor note if that plan does not fit the step's budget."""
+        tail = self._measured_tail(runtime, step_budget)
+        if tail is None:
+            return None
+        with _disable_current_modes():
+            self._compile(("step", step_budget, tail), budget, self.example_inputs)
+        _collect_compile_garbage()
+        return self._floor_note
+
     def _compile(self, key: Hashable, budget: Budget, example_inputs: Sequence[Any]) -> None:
         global _compiled_since_collection
         _compiled_since_collection = True
         tail = key[2] if key[0] == "step" and len(key) > 2 else None  # type: ignore[index]
         self._floor_note = None
+        self._least_tail_plan = False
         try:
             self._compiled = self._compile_with(budget, example_inputs, tail)
         except BudgetError as error:
@@ -211,6 +227,7 @@ class Region:
                     least_floor = least.smallest_feasible_bytes
                 else:
                     self._key = key
+                    self._least_tail_plan = True
                     return
             if floor > step_budget:
                 # Not even a step holding nothing else runs this region's plan. Plan it as tight as it goes and run

@@ -48,6 +48,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _get_current_dispatch_mode_stack, _pop_mode
 
 from .. import config
+from ..errors import BudgetError
 from .backward_pass import in_backward_pass
 from .runtime import Runtime, current_step
 
@@ -135,6 +136,7 @@ class StepScope:
         needed = runtime._overrun_bytes()
         if needed is not None and not failed:
             self.steps.budget_error = runtime._overrun_error(needed, replanned=True)
+            self.steps.overrun_runtime = runtime
         whole = self.backward_began and (self.outside or not self.steps.attachable(self.owner))
         whole = whole and not (self._buckets is not None and self._buckets.rebuilt())  # see distributed.py
         if calibrating and not failed and whole:  # a step with its loss and backward seen: the fraction's reference
@@ -219,6 +221,7 @@ class ThreadSteps:
         self.leftover_modes: list[Any] = []  # modes of left scopes that were not on top when they left
         self.leftover_packs: list[Any] = []
         self.budget_error: Exception | None = None  # of a step that ran over its budget, raised by the backward
+        self.overrun_runtime: Runtime | None = None  # the step's, beside its budget_error
 
     def attachable(self, owner: Any) -> bool:
         return isinstance(owner, torch.nn.Module)
@@ -302,6 +305,9 @@ class ThreadSteps:
         if self.leftover_modes or self.leftover_packs:
             self.pop_leftovers()
         error, self.budget_error = self.budget_error, None
+        runtime, self.overrun_runtime = self.overrun_runtime, None
+        if isinstance(error, BudgetError) and runtime is not None:
+            error = runtime.replanned_overrun_error(error)
         return error
 
     def on_backward_part(self, runtime: Runtime) -> None:

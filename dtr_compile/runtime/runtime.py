@@ -147,6 +147,7 @@ class Runtime:
         # Compiled regions of this step whose planner could not fit them in the step's budget even alone, and run
         # op by op under it instead: name -> (the step's floor by the planner's plan, the sentence that says so).
         self.region_floors: dict[str, tuple[int, str]] = {}
+        self.region_replans: dict[str, Callable[[], tuple[int, str] | None]] = {}
         self.on_backward: Callable[[Runtime], None] | None = None  # told when a backward pass runs in a step
         self.in_backward = False  # a backward pass has run in this step (`backward_began`)
 
@@ -199,6 +200,7 @@ class Runtime:
         self.failed = False
         self.in_backward = False
         self.region_floors = {}
+        self.region_replans = {}
         self.engine.overrun_need = None
         budget = self._resolved_budget()
         # The budget bounds what the step allocates above what was live when it began.
@@ -314,6 +316,27 @@ class Runtime:
         step's budget (`why` says so), and runs op by op under it; if the step then overruns, its BudgetError names
         that floor (`_overrun_error`)."""
         self.region_floors[region] = (floor_bytes, why)
+
+    def note_region_replan(self, region: str, replan: Callable[[], tuple[int, str] | None]) -> None:
+        """A compiled region runs in this step with a plan made for a loss tail no step had measured (the first
+        step: the least tail, backend/region.py). If the step overruns, `replan()` plans the region with the tail
+        this step measured and returns its floor and why, if that plan does not fit (`replanned_overrun_error`)."""
+        self.region_replans[region] = replan
+
+    def replanned_overrun_error(self, error: BudgetError) -> BudgetError:
+        """`error` (this ended step's overrun), or, where a region of the step was planned for an unmeasured tail,
+        the error naming that region's floor by the tail the step measured: the budget the next step runs at.
+        The first step of GPT-2 at 45 MiB (CPU stand-in), planned with the least tail, overran and named 67.2 MiB
+        from its op by op path; the measured tail's plan runs at 46.7. Called after the backward returned, outside
+        the autograd engine: the plan is the one the next step would make (a compile either way)."""
+        replans, self.region_replans = self.region_replans, {}
+        for region, replan in replans.items():
+            note = replan()
+            if note is not None:
+                self.region_floors[region] = note
+        if not self.region_floors or error.smallest_feasible_bytes is None:
+            return error
+        return self._overrun_error(error.smallest_feasible_bytes)
 
     def _overrun_error(self, needed: int, *, replanned: bool = False) -> BudgetError:
         """`replanned`: compiled regions are planned for the budget, so at another budget the step is not quite
