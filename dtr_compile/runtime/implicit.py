@@ -134,9 +134,10 @@ class StepScope:
         finally:
             runtime.engine.overrun = False
         needed = runtime._overrun_bytes()
-        if needed is not None and not failed:
-            self.steps.budget_error = runtime._overrun_error(needed, replanned=True)
-            self.steps.overrun_runtime = runtime
+        if not failed:
+            self.steps.ended_runtime = runtime  # its regions plan again when the backward returns
+            if needed is not None:
+                self.steps.budget_error = runtime._overrun_error(needed, replanned=True)
         whole = self.backward_began and (self.outside or not self.steps.attachable(self.owner))
         whole = whole and not (self._buckets is not None and self._buckets.rebuilt())  # see distributed.py
         if calibrating and not failed and whole:  # a step with its loss and backward seen: the fraction's reference
@@ -221,7 +222,7 @@ class ThreadSteps:
         self.leftover_modes: list[Any] = []  # modes of left scopes that were not on top when they left
         self.leftover_packs: list[Any] = []
         self.budget_error: Exception | None = None  # of a step that ran over its budget, raised by the backward
-        self.overrun_runtime: Runtime | None = None  # the step's, beside its budget_error
+        self.ended_runtime: Runtime | None = None  # of the step that ended with the running backward
 
     def attachable(self, owner: Any) -> bool:
         return isinstance(owner, torch.nn.Module)
@@ -305,9 +306,9 @@ class ThreadSteps:
         if self.leftover_modes or self.leftover_packs:
             self.pop_leftovers()
         error, self.budget_error = self.budget_error, None
-        runtime, self.overrun_runtime = self.overrun_runtime, None
-        if isinstance(error, BudgetError) and runtime is not None:
-            error = runtime.replanned_overrun_error(error)
+        runtime, self.ended_runtime = self.ended_runtime, None
+        if runtime is not None and (error is None or isinstance(error, BudgetError)):
+            error = runtime.replan_regions(error)
         return error
 
     def on_backward_part(self, runtime: Runtime) -> None:

@@ -318,23 +318,27 @@ class Runtime:
         self.region_floors[region] = (floor_bytes, why)
 
     def note_region_replan(self, region: str, replan: Callable[[], tuple[int, str] | None]) -> None:
-        """A compiled region runs in this step with a plan made for a loss tail no step had measured (the first
-        step: the least tail, backend/region.py). If the step overruns, `replan()` plans the region with the tail
-        this step measured and returns its floor and why, if that plan does not fit (`replanned_overrun_error`)."""
+        """A compiled region runs in this step with a plan made for a loss tail no step had measured (the assumed
+        one, or the least one: backend/region.py). `replan()` plans it for the tail this step measures, once the
+        step has ended (`replan_regions`), and returns its floor and why if that plan does not fit the budget."""
         self.region_replans[region] = replan
 
-    def replanned_overrun_error(self, error: BudgetError) -> BudgetError:
-        """`error` (this ended step's overrun), or, where a region of the step was planned for an unmeasured tail,
-        the error naming that region's floor by the tail the step measured: the budget the next step runs at.
-        The first step of GPT-2 at 45 MiB (CPU stand-in), planned with the least tail, overran and named 67.2 MiB
-        from its op by op path; the measured tail's plan runs at 46.7. Called after the backward returned, outside
-        the autograd engine: the plan is the one the next step would make (a compile either way)."""
+    def replan_regions(self, error: BudgetError | None) -> BudgetError | None:
+        """After this step ended, with no step running: plan again the regions whose plan was made for an unmeasured
+        tail (`note_region_replan`), for the tail the step measured. Made here, outside any step, the new plan is
+        measured as it compiles (passes/verify.py): compiled by the next step's first call instead, in the middle of
+        that step, it ran on its model alone, and Llama at 0.3 (CPU stand-in) measured 58.0 MiB for a budget of 56.2
+        where the model said 53.1. The next step finds the plan made (a compile either way).
+
+        `error`: this step's overrun, if it ran over its budget; where a replanned region's plan does not fit, the
+        error names that plan's floor, the budget the next step runs at (GPT-2 at 45 MiB, planned with the least
+        tail, named 67.2 MiB from the op by op path; the measured tail's plan runs at 46.4)."""
         replans, self.region_replans = self.region_replans, {}
         for region, replan in replans.items():
             note = replan()
             if note is not None:
                 self.region_floors[region] = note
-        if not self.region_floors or error.smallest_feasible_bytes is None:
+        if error is None or not self.region_floors or error.smallest_feasible_bytes is None:
             return error
         return self._overrun_error(error.smallest_feasible_bytes)
 
