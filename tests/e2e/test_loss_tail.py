@@ -9,7 +9,6 @@ and the BudgetError named a floor (2.5 GiB) from running the backward op by op. 
 from __future__ import annotations
 
 import gc
-import re
 
 import pytest
 import torch
