@@ -198,8 +198,7 @@ class Region:
             return None
         with _disable_current_modes():
             self._compile(("step", step_budget, tail), budget, self.example_inputs)
-        _collect_compile_garbage()
-        return self._floor_note
+        return self._floor_note  # its garbage is collected at the region's next call
 
     def _compile(self, key: Hashable, budget: Budget, example_inputs: Sequence[Any]) -> None:
         global _compiled_since_collection

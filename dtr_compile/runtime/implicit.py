@@ -221,7 +221,7 @@ class ThreadSteps:
         self.calibrations: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.leftover_modes: list[Any] = []  # modes of left scopes that were not on top when they left
         self.leftover_packs: list[Any] = []
-        self.budget_error: Exception | None = None  # of a step that ran over its budget, raised by the backward
+        self.budget_error: BudgetError | None = None  # of a step that ran over its budget, raised by the backward
         self.ended_runtime: Runtime | None = None  # of the step that ended with the running backward
 
     def attachable(self, owner: Any) -> bool:
@@ -297,7 +297,7 @@ class ThreadSteps:
             scope.leave(failed=True)
         self.pop_leftovers()
 
-    def after_backward_call(self) -> Exception | None:
+    def after_backward_call(self) -> BudgetError | None:
         """`torch.autograd.backward` or `grad` returned (or raised) on this thread; returns the BudgetError of a
         step that ran over its budget and ended with this backward, for the caller to raise."""
         scope = self.scope
@@ -307,7 +307,7 @@ class ThreadSteps:
             self.pop_leftovers()
         error, self.budget_error = self.budget_error, None
         runtime, self.ended_runtime = self.ended_runtime, None
-        if runtime is not None and (error is None or isinstance(error, BudgetError)):
+        if runtime is not None and not runtime.active:  # a later step of that runtime plans in its own first call
             error = runtime.replan_regions(error)
         return error
 
