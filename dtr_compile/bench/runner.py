@@ -2,6 +2,8 @@
 
 A run waits for its model's baseline (budget bytes and reference gradients come from it); if the baseline
 fails, the model's other runs become rows with status "error" and that reason, and nothing is started.
+Runs planned from another run's result (a rerun at a named floor, a run at a peer's measured peak and the
+peer's rerun beside it) follow the planned ones, with the exact bytes they were planned for.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,6 +52,9 @@ class _Scheduler:
         self.rows: dict[int, Row] = {}
         self.baselines: dict[str, Row] = {}  # model -> its baseline's row
         self.floors: dict[int, int] = {}  # plan index of a rerun at a named floor -> that floor in bytes
+        self.exact: dict[int, int] = {}  # plan index -> the exact budget bytes it runs at (floors, matched peaks)
+        self.extra: dict[int, Row] = {}  # plan index -> fields its row gets (what it was planned to match)
+        self.peer_of: dict[int, int] = {}  # plan index of a matched run -> plan index of its peer's rerun
 
     def run(self) -> list[Row]:
         try:
@@ -76,8 +82,8 @@ class _Scheduler:
             if method != self.grid.baseline and baseline is None:
                 continue  # waits for its model's baseline
             spec = _spec(self.grid, model, method, budget, baseline, str(self.workdir / f"reference-{model}.pt"))
-            if index in self.floors:  # the floor's exact bytes: budget x peak could round below it
-                spec = dataclasses.replace(spec, budget_bytes=self.floors[index])
+            if index in self.exact:  # the exact bytes: budget x peak could round below them
+                spec = dataclasses.replace(spec, budget_bytes=self.exact[index])
             if baseline is not None and baseline["status"] != "ok":
                 self.pending.remove(index)
                 failed = {"status": "error", "reason": f"baseline failed: {baseline.get('reason')}"}
@@ -95,9 +101,15 @@ class _Scheduler:
             self.baselines[model] = row
         if index in self.floors:
             row["at_named_floor"] = True
+        row.update(self.extra.get(index, {}))
         self._retry_at_floor(index, row)
         _add_ratios(row, self.baselines.get(model), self.grid.clock)
         self.rows[index] = row
+        self._match_peer(index, row)
+        for matched in self.peer_of:  # the peer's median moves with each of its reruns
+            if matched in self.rows:
+                peer_runs = [self.rows[i] for i in self._peer_runs(matched) if i in self.rows]
+                _add_peer_ratio(self.rows[matched], peer_runs, self.grid.clock)
         width = len(str(len(self.plan)))
         self.progress(f"[{len(self.rows):>{width}}/{len(self.plan)}] {_key(*self.plan[index])}  {_summary(row)}\n")
         if self.on_row is not None:
@@ -114,9 +126,42 @@ class _Scheduler:
             return  # a rerun at a floor that still fails is reported, not retried again
         if any(self.plan[i][:2] == (model, method) and f >= floor for i, f in self.floors.items()):
             return
-        self.plan.append((model, method, floor / baseline["peak_bytes"]))
-        self.pending.append(len(self.plan) - 1)
-        self.floors[len(self.plan) - 1] = int(floor)
+        self.floors[self._append(model, method, floor / baseline["peak_bytes"], int(floor))] = int(floor)
+
+    def _match_peer(self, index: int, row: Row) -> None:
+        """After a peer's planned run: the matched method at its measured peak x each multiple, each followed by
+        the peer once more (the pair side by side in time, so a drift of the machine falls on both)."""
+        model, method, budget = self.plan[index]
+        multiples, baseline = self.grid.match_peers.get(method), self.baselines.get(model)
+        if not multiples or self.grid.match_method is None or index in self.extra or row.get("status") != "ok":
+            return
+        if baseline is None or not baseline.get("peak_bytes"):
+            return
+        if row["peak_bytes"] > (1.0 - self.grid.match_min_saving) * baseline["peak_bytes"]:
+            return  # this peer run is the baseline's memory level: nothing to match
+        for multiple in multiples:
+            target = int(row["peak_bytes"] * multiple)
+            peer = {"matched_to": method, "matched_budget": budget, "matched_multiple": multiple,
+                    "matched_peer_index": index}  # fmt: skip
+            matched = self._append(model, self.grid.match_method, target / baseline["peak_bytes"], target, peer)
+            rerun = self._append(model, method, budget, None, {**peer, "peer_rerun": True})
+            self.peer_of[matched] = rerun
+
+    def _peer_runs(self, matched: int) -> list[int]:
+        """The plan indices of the peer run a matched run was planned from and of every rerun of it (those beside
+        the other multiples too: one peer, one median)."""
+        first = self.extra[matched]["matched_peer_index"]
+        return [first, *(r for m, r in self.peer_of.items() if self.extra[m]["matched_peer_index"] == first)]
+
+    def _append(self, model: str, method: str, budget: float | None, exact: int | None, extra: Row | None = None) -> int:
+        self.plan.append((model, method, budget))
+        index = len(self.plan) - 1
+        self.pending.append(index)
+        if exact is not None:
+            self.exact[index] = exact
+        if extra:
+            self.extra[index] = extra
+        return index
 
 
 def _key(model: str, method: str, budget: float | None) -> str:
@@ -221,6 +266,19 @@ def _add_ratios(row: Row, baseline: Row | None, clock: str) -> None:
         row["compile_s"] = max(0.0, row["first_step_s"] - row["step_s"])  # the first step's excess
     if row.get("budget_bytes"):
         row["within_budget"] = row["peak_bytes"] <= row["budget_bytes"]
+
+
+def _add_peer_ratio(row: Row, peer_runs: list[Row], clock: str) -> None:
+    """The matched run's step time over its peer's, the peer's time being the median of its runs that ended ok
+    (the planned one and each rerun beside a matched run), and its peak over the peer's planned run."""
+    key = "step_cpu_s" if clock == "cpu" else "step_s"
+    times = sorted(r[key] for r in peer_runs if r.get("status") == "ok" and r.get(key) is not None)
+    if row.get("status") != "ok" or not times or peer_runs[0].get("status") != "ok":
+        return
+    row["peer_step_s"] = statistics.median(times)
+    row["peer_peak_bytes"] = peer_runs[0]["peak_bytes"]
+    row["peer_time_ratio"] = row[key] / max(row["peer_step_s"], 1e-12)
+    row["peer_peak_ratio"] = row["peak_bytes"] / max(row["peer_peak_bytes"], 1)
 
 
 def _summary(row: Row) -> str:

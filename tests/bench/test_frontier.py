@@ -17,6 +17,7 @@ import torch
 from dtr_compile.bench import child, cli, frontier
 from dtr_compile.bench.methods import Budget, get_method, save_matmuls_policy
 from dtr_compile.bench.models import build_model
+from dtr_compile.bench.report import write_csv
 from dtr_compile.bench.spec import RunSpec
 
 
@@ -191,3 +192,57 @@ def test_an_infeasible_budget_is_run_again_at_the_floor_it_named(tmp_path, monke
         assert [b for b, status, _ in runs if status == "infeasible"] == [300, 100], (model, runs)
     assert sum(1 for spec in started if spec.budget_bytes == 400) == 2  # once per model
     assert "the named floor" in frontier.markdown_table(frontier.frontier_rows(rows))
+
+
+def test_dtr_runs_at_each_peers_measured_peak_beside_a_rerun_of_the_peer(tmp_path, monkeypatch):
+    """Issue 17's equal-memory targets: backend="dtr" is planned for each peer's measured peak (checkpointing's
+    also at twice it), the peer runs again right after it, and the ratio divides by the median of the peer's
+    runs (all of them, once all have run). A knob value whose peak is torch.compile's recomputes nothing and gets no match (children stubbed)."""
+    from dtr_compile.bench import runner
+
+    peaks = {"compile": 1000, "hf_ckpt_compile": 300, "amb_inductor": {0.5: 600, 0.0: 995}}
+    peer_times = iter([2.0, 4.0, 3.0])  # checkpointing's planned run, then its reruns
+    order: list[tuple[str, int | None]] = []
+
+    class FakeChild:
+        def __init__(self, index, spec, timeout_s, cache_dir=None):
+            self.index, self.spec, self.start = index, spec, 0.0
+            order.append((spec.method, spec.budget_bytes))
+
+        def poll(self):
+            spec = self.spec
+            if spec.method == "dtr_inductor":
+                result = {"peak_bytes": int(0.97 * (spec.budget_bytes or 1100)), "step_cpu_s": 2.85}
+            elif spec.method == "amb_inductor":
+                result = {"peak_bytes": peaks["amb_inductor"][spec.budget], "step_cpu_s": 1.5}
+            elif spec.method == "hf_ckpt_compile":
+                result = {"peak_bytes": 300, "step_cpu_s": next(peer_times)}
+            else:
+                result = {"peak_bytes": peaks[spec.method], "step_cpu_s": 1.0}
+            return runner._row(spec, {"status": "ok", "step_s": result["step_cpu_s"], **result})
+
+        def kill(self):
+            pass
+
+    monkeypatch.setattr(runner, "_Child", FakeChild)
+    grid, _ = frontier.parse(["--models", "gpt2", "--dtypes", "fp32", "--methods", "hf_ckpt_compile", "amb_inductor",
+                              "dtr_inductor", "--knob", "0.5", "0", "--dtr-budgets", "0.5", "--size", "tiny"])  # fmt: skip
+    rows = runner.run_grid(grid, tmp_path, progress=lambda text: None)
+    # planned runs first, then (dtr at a peer's peak, the peer again) pairs; the knob at 0 has compile's peak
+    assert order[6:] == [("dtr_inductor", 300), ("hf_ckpt_compile", None), ("dtr_inductor", 600),
+                         ("hf_ckpt_compile", None), ("dtr_inductor", 600), ("amb_inductor", 500)], order  # fmt: skip
+    matched = [r for r in rows if r.get("matched_to") and not r.get("peer_rerun")]
+    assert [(r["matched_to"], r["matched_multiple"], r["budget_bytes"]) for r in matched] == [
+        ("hf_ckpt_compile", 1.0, 300), ("hf_ckpt_compile", 2.0, 600), ("amb_inductor", 1.0, 600)]
+    ckpt_1x, ckpt_2x, knob = matched
+    assert ckpt_1x["peer_step_s"] == ckpt_2x["peer_step_s"] == 3.0  # the median of 2, 4 and 3
+    assert ckpt_2x["peer_time_ratio"] == pytest.approx(0.95) and knob["peer_time_ratio"] == pytest.approx(1.9)
+    assert ckpt_1x["peer_peak_ratio"] == pytest.approx(291 / 300)
+    table = frontier.markdown_table(frontier.frontier_rows(rows))
+    equal_memory = table.split("Equal memory")[1].splitlines()
+    assert [line.split(" | ")[0] for line in equal_memory if line.startswith("| ") and "MiB" not in line] == [
+        "| checkpointing's peak", "| checkpointing's peak x2", "| knob 0.5's peak"]
+    assert sum("| **no** |" in line for line in equal_memory) == 2  # 0.95 meets 1.00, not 0.92; 1.9 > 0.95
+    assert sum(line.startswith("| HF gradient") for line in table.split("Equal memory")[0].splitlines()) == 1
+    write_csv(frontier.frontier_rows(rows), tmp_path / "frontier.csv", frontier.COLUMNS)
+    assert frontier.report_only(tmp_path) == table  # --report-only reads the matched runs back from the CSV
