@@ -25,7 +25,7 @@ from ..measure import device_name, measure_peak
 from .methods import Budget, NotBuilt, get_method
 from .models import build_model
 from .spec import RESULT_KEY, RunSpec
-from .timing import median, warm_then_time
+from .timing import Sample, interleaved, median, timed, warm_then_time
 
 # Tolerances of the correctness column. Compiled code reorders floating-point reductions, so "equal" means
 # equal to fp32 rounding accumulated over the model, not bitwise.
@@ -63,6 +63,8 @@ def run(spec: RunSpec) -> dict[str, Any]:
 
 
 def _measure(spec: RunSpec) -> dict[str, Any]:
+    if spec.peer is not None:
+        return _measure_pair(spec)
     case = build_model(spec.model, spec.size, seed=spec.seed)
     model = case.model.to(spec.device)
     batch = case.make_batch(spec.device)
@@ -97,6 +99,61 @@ def _measure(spec: RunSpec) -> dict[str, Any]:
     else:
         out.update(_compare(spec.reference, loss, grads, bf16=spec.autocast == "bf16"))
     return out
+
+
+def _measure_pair(spec: RunSpec) -> dict[str, Any]:
+    """The spec's method and its peer on two copies of the model in this process: each compiled by its own first
+    steps (the peer first, with PyTorch's knob set only while it compiles: the knob is global, and our partitioner
+    starts from the min-cut one that reads it), then their timed steps interleaved, rotating who goes first, then
+    each one's peak. The gradients compared with the reference are the spec's method's."""
+    import torch._functorch.config as functorch_config
+
+    def prepare(method: str, budget: Budget) -> tuple[Any, Any, str]:
+        case = build_model(spec.model, spec.size, seed=spec.seed)
+        case.model.to(spec.device)
+        batch = case.make_batch(spec.device)
+        step = _under_autocast(get_method(method).prepare(case, budget, batch), spec)
+        return case.model, step, case.description
+
+    knob = functorch_config.activation_memory_budget
+    try:
+        peer_model, peer_step, _ = prepare(spec.peer, Budget(spec.peer_budget, None))
+        peer_warmups = [_one(peer_step, peer_model, spec) for _ in range(spec.warmup)]
+    finally:
+        functorch_config.activation_memory_budget = knob
+    model, step, description = prepare(spec.method, Budget(spec.budget, spec.budget_bytes))
+    warmups = [_one(step, model, spec) for _ in range(spec.warmup)]
+    samples: dict[str, list[Sample]] = {"peer": [], "self": []}
+    ways = {"peer": (peer_step, peer_model), "self": (step, model)}
+    for way in interleaved(list(ways), spec.steps, rotate=True):
+        samples[way].append(_one(*ways[way], spec))
+    peer_model.zero_grad(set_to_none=True)
+    _, peer_peak = measure_peak(peer_step, spec.device)
+    peer_model.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
+    loss, peak = measure_peak(step, spec.device)
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    out: dict[str, Any] = {
+        "description": description,
+        "peak_bytes": peak.peak_bytes,
+        "step_s": median([s.wall_s for s in samples["self"]]),
+        "step_cpu_s": median([s.cpu_s for s in samples["self"]]),
+        "step_times_s": [s.wall_s for s in samples["self"]],
+        "first_step_s": warmups[0].wall_s,
+        "loss": loss,
+        "peer_peak_bytes": peer_peak.peak_bytes,
+        "peer_step_wall_s": median([s.wall_s for s in samples["peer"]]),
+        "peer_step_cpu_s": median([s.cpu_s for s in samples["peer"]]),
+        "peer_first_step_s": peer_warmups[0].wall_s,
+    }
+    out.update(_compare(spec.reference, loss, grads, bf16=spec.autocast == "bf16"))
+    return out
+
+
+def _one(step: Any, model: torch.nn.Module, spec: RunSpec) -> Sample:
+    """One step from cleared gradients (allocated inside it, as in every run), timed."""
+    model.zero_grad(set_to_none=True)
+    return timed(step, spec.device)[1]
 
 
 def _under_autocast(step: Any, spec: RunSpec) -> Any:

@@ -46,8 +46,8 @@ KNOB = (0.5, 0.3, 0.1, 0.0)  # activation_memory_budget values (its own meaning:
 # checkpointing's measured peak (0.28 on the CPU stand-in, 0.12 at 124M on an H100: issue 17).
 DTR_BUDGETS = (1.0, 0.75, 0.5, 0.35, 0.25, 0.15, 0.1)
 EAGER_BUDGETS = (0.5, 0.3)
-# Equal-memory comparisons: backend="dtr" runs again at each peer's measured peak (x these multiples), beside a
-# rerun of the peer, and issue 17's targets for its step time over the peer's at that memory.
+# Equal-memory comparisons: backend="dtr" runs again at each peer's measured peak (x these multiples), in one
+# process with the peer (steps interleaved), and issue 17's targets for its step time over the peer's there.
 MATCH_PEERS = {"hf_ckpt_compile": (1.0, 2.0), "sac_compile": (1.0,), "amb_inductor": (1.0,)}
 TARGETS = {("hf_ckpt_compile", 1.0): 1.00, ("hf_ckpt_compile", 2.0): 0.92, ("sac_compile", 1.0): 1.00,
            ("amb_inductor", 1.0): 0.95}  # fmt: skip
@@ -59,8 +59,8 @@ TARGETS = {("hf_ckpt_compile", 1.0): 1.00, ("hf_ckpt_compile", 2.0): 0.92, ("sac
 #     that method once more at the named floor (at_named_floor: True), to show that the floor it names runs
 #   measured_over_budget: peak_bytes / budget_bytes; first_call_s: wall time of the first step (compiles)
 #   grads_equal: loss and gradients equal to torch.compile's (fp32 rounding; bf16 rounding under autocast)
-#   matched_to, matched_budget, matched_multiple: a backend="dtr" run at that peer run's measured peak x multiple
-#     (or, with peer_rerun True, the peer's rerun beside it); peer_step_s: the median of the peer's runs;
+#   matched_to, matched_budget, matched_multiple: a backend="dtr" run at that peer run's measured peak x multiple,
+#     the peer running in the same process, steps interleaved; peer_step_s, peer_peak_bytes: the peer's there;
 #     peer_time_ratio, peer_peak_ratio: the matched run's step time and peak over the peer's; target_time_ratio:
 #     issue 17's bound on peer_time_ratio
 COLUMNS = (
@@ -68,7 +68,7 @@ COLUMNS = (
     "floor_bytes", "peak_bytes", "peak_ratio", "step_s", "time_ratio", "clock", "first_call_s",
     "measured_over_budget", "grads_equal", "grad_err", "loss_err", "device", "device_name", "torch_version",
     "threads", "warmup", "steps", "at_named_floor", "matched_to", "matched_budget", "matched_multiple",
-    "peer_rerun", "peer_step_s", "peer_peak_bytes", "peer_time_ratio", "peer_peak_ratio", "target_time_ratio",
+    "peer_step_s", "peer_peak_bytes", "peer_time_ratio", "peer_peak_ratio", "target_time_ratio",
 )  # fmt: skip
 
 
@@ -98,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="step time: wall, or process CPU time (steady on a shared CPU; needs --threads 1); "
                    "default: cpu on CPU with one thread, else wall")  # fmt: skip
     p.add_argument("--no-match", action="store_true",
-                   help='skip the equal-memory runs (backend="dtr" at each peer\'s measured peak, beside a rerun of '
-                   "the peer)")  # fmt: skip
+                   help='skip the equal-memory runs (backend="dtr" at each peer\'s measured peak, in one process '
+                   "with the peer)")  # fmt: skip
     p.add_argument("--jobs", type=int, default=1, help="runs at once (default: 1)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed (default: 1800)")
     p.add_argument("--fresh-cache", action="store_true", help="empty Inductor caches in every run (cold compiles)")
@@ -161,7 +161,7 @@ def frontier_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             row["measured_over_budget"] = r["peak_bytes"] / row["budget_bytes"]
         if r.get("clock") == "cpu" and r.get("step_cpu_s") is not None:
             row["step_s"] = r["step_cpu_s"]
-        if r.get("matched_to") and not r.get("peer_rerun"):
+        if r.get("matched_to"):
             row["target_time_ratio"] = TARGETS.get((r["matched_to"], r["matched_multiple"]))
         out.append(row)
     return out
@@ -169,10 +169,6 @@ def frontier_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _num(value: Any, fmt: str, scale: float = 1.0) -> str:
     return "" if value is None else fmt.format(value * scale)
-
-
-def _is_rerun(r: dict[str, Any]) -> bool:
-    return r.get("peer_rerun") in (True, "True")
 
 
 def _peer_text(r: dict[str, Any]) -> str:
@@ -185,7 +181,7 @@ def _peer_text(r: dict[str, Any]) -> str:
 
 
 def _budget_text(r: dict[str, Any]) -> str:
-    if r.get("matched_to") and not _is_rerun(r):
+    if r.get("matched_to"):
         return f"{r['budget_bytes'] / 2**20:.1f} MiB = {_peer_text(r)}"
     if r["method"] == "amb_inductor":
         return f"knob {r['budget']:g}"
@@ -209,7 +205,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         if ref:
             head += f": torch.compile {ref['peak_bytes'] / 2**20:.1f} MiB, {ref['step_s'] * 1e3:.1f} ms a step"
         out += [head, "", _HEADER, "|---|---|---:|---:|---:|---:|---:|---|---|"]
-        for r in (r for r in mine if not _is_rerun(r)):
+        for r in mine:
             ok = r["status"] == "ok"
             status = "ok" if ok else f"{r['status']}: {' '.join(str(r.get('reason') or '').split())[:90]}"
             if r.get("floor_bytes"):
@@ -227,17 +223,19 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-_MATCHED_HEADER = "| memory level | budget MiB | peak MiB | peak ÷ peer's | peer's time | time ÷ peer's | target | met |"
+_MATCHED_HEADER = (
+    "| memory level | budget MiB | peak MiB | peer's peak MiB | peak ÷ peer's | peer's step | time ÷ peer's | target | met |"
+)
 
 
 def _matched_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     """backend="dtr" at each peer's measured peak: its step time over the peer's, measured beside it."""
-    matched = [r for r in rows if r.get("matched_to") and not _is_rerun(r)]
+    matched = [r for r in rows if r.get("matched_to")]
     if not matched:
         return []
-    intro = ("Equal memory: backend=\"dtr\" planned for each peer's measured peak; the peer's time is the median of "
-             "its run and its rerun beside the dtr run.")
-    out = [intro, "", _MATCHED_HEADER, "|---|---:|---:|---:|---:|---:|---:|---|"]
+    intro = ("Equal memory: backend=\"dtr\" planned for each peer's measured peak, run in one process with the peer "
+             "(steps interleaved); both peaks and step times from that process.")
+    out = [intro, "", _MATCHED_HEADER, "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in matched:
         ratio, target = r.get("peer_time_ratio"), r.get("target_time_ratio")
         met = "" if ratio is None or target is None else ("yes" if ratio <= target else "**no**")
@@ -245,7 +243,8 @@ def _matched_table(rows: Sequence[dict[str, Any]]) -> list[str]:
             met = r["status"]
         cells = [
             _peer_text(r), _num(r.get("budget_bytes"), "{:.1f}", 2**-20), _num(r.get("peak_bytes"), "{:.1f}", 2**-20),
-            _num(r.get("peer_peak_ratio"), "{:.3f}"), _num(r.get("peer_step_s"), "{:.1f} ms", 1e3),
+            _num(r.get("peer_peak_bytes"), "{:.1f}", 2**-20), _num(r.get("peer_peak_ratio"), "{:.3f}"),
+            _num(r.get("peer_step_s"), "{:.1f} ms", 1e3),
             _num(ratio, "{:.3f}"), _num(target, "≤ {:.2f}"), met,
         ]  # fmt: skip
         out.append("| " + " | ".join(cells) + " |")
@@ -268,7 +267,7 @@ def pareto_plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     for ax, (model, dtype) in zip(axes.flat, panels):
         for i, method in enumerate(FRONTIER_METHODS):
             pts = [r for r in rows if (r["model"], r["dtype"], r["method"]) == (model, dtype, method)
-                   and r["status"] == "ok" and r.get("peak_ratio") is not None and not _is_rerun(r)]  # fmt: skip
+                   and r["status"] == "ok" and r.get("peak_ratio") is not None]  # fmt: skip
             if not pts:
                 continue
             pts.sort(key=lambda r: -(1.5 if r["budget"] is None else r["budget"]))

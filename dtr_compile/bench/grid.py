@@ -52,9 +52,9 @@ class Grid:
     # "a budget below the floor names the floor, and that named floor runs"); such runs follow the planned ones.
     retry_at_floor: Sequence[str] = ()
     # Equal-memory comparisons (issue 17: "at checkpointing's measured peak, step time <= 1.00x checkpointing's"):
-    # once a peer method's run ends, `match_method` runs at that run's measured peak times each multiple, and the
-    # peer runs once more right after it, so the two step times are measured side by side. Peer method ->
-    # multiples of its peak. A peer run that saves less than `match_min_saving` of the baseline's peak (a knob
+    # once a peer method's run ends, `match_method` runs at that run's measured peak times each multiple, in one
+    # process with the peer, their steps interleaved, so the two step times are measured side by side. Peer
+    # method -> multiples of its peak. A peer run that saves less than `match_min_saving` of the baseline's peak (a knob
     # value that recomputes nothing) gets no match: it is the baseline's point, not a memory level.
     match_method: str | None = None
     match_peers: Mapping[str, Sequence[float]] = field(default_factory=dict)

@@ -2,8 +2,8 @@
 
 A run waits for its model's baseline (budget bytes and reference gradients come from it); if the baseline
 fails, the model's other runs become rows with status "error" and that reason, and nothing is started.
-Runs planned from another run's result (a rerun at a named floor, a run at a peer's measured peak and the
-peer's rerun beside it) follow the planned ones, with the exact bytes they were planned for.
+Runs planned from another run's result (a rerun at a named floor; a run at a peer's measured peak, paired in one
+process with that peer) follow the planned ones, with the exact bytes they were planned for.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,7 +53,6 @@ class _Scheduler:
         self.floors: dict[int, int] = {}  # plan index of a rerun at a named floor -> that floor in bytes
         self.exact: dict[int, int] = {}  # plan index -> the exact budget bytes it runs at (floors, matched peaks)
         self.extra: dict[int, Row] = {}  # plan index -> fields its row gets (what it was planned to match)
-        self.peer_of: dict[int, int] = {}  # plan index of a matched run -> plan index of its peer's rerun
 
     def run(self) -> list[Row]:
         try:
@@ -84,6 +82,9 @@ class _Scheduler:
             spec = _spec(self.grid, model, method, budget, baseline, str(self.workdir / f"reference-{model}.pt"))
             if index in self.exact:  # the exact bytes: budget x peak could round below them
                 spec = dataclasses.replace(spec, budget_bytes=self.exact[index])
+            if "matched_to" in self.extra.get(index, {}):  # the peer runs beside it, in its process
+                peer = self.extra[index]
+                spec = dataclasses.replace(spec, peer=peer["matched_to"], peer_budget=peer["matched_budget"])
             if baseline is not None and baseline["status"] != "ok":
                 self.pending.remove(index)
                 failed = {"status": "error", "reason": f"baseline failed: {baseline.get('reason')}"}
@@ -105,11 +106,8 @@ class _Scheduler:
         self._retry_at_floor(index, row)
         _add_ratios(row, self.baselines.get(model), self.grid.clock)
         self.rows[index] = row
+        _add_peer_ratio(row, self.grid.clock)
         self._match_peer(index, row)
-        for matched in self.peer_of:  # the peer's median moves with each of its reruns
-            if matched in self.rows:
-                peer_runs = [self.rows[i] for i in self._peer_runs(matched) if i in self.rows]
-                _add_peer_ratio(self.rows[matched], peer_runs, self.grid.clock)
         width = len(str(len(self.plan)))
         self.progress(f"[{len(self.rows):>{width}}/{len(self.plan)}] {_key(*self.plan[index])}  {_summary(row)}\n")
         if self.on_row is not None:
@@ -129,8 +127,8 @@ class _Scheduler:
         self.floors[self._append(model, method, floor / baseline["peak_bytes"], int(floor))] = int(floor)
 
     def _match_peer(self, index: int, row: Row) -> None:
-        """After a peer's planned run: the matched method at its measured peak x each multiple, each followed by
-        the peer once more (the pair side by side in time, so a drift of the machine falls on both)."""
+        """After a peer's planned run: the matched method at its measured peak x each multiple, each in one process
+        with the peer, their steps interleaved (child.py)."""
         model, method, budget = self.plan[index]
         multiples, baseline = self.grid.match_peers.get(method), self.baselines.get(model)
         if not multiples or self.grid.match_method is None or index in self.extra or row.get("status") != "ok":
@@ -142,16 +140,8 @@ class _Scheduler:
         for multiple in multiples:
             target = int(row["peak_bytes"] * multiple)
             peer = {"matched_to": method, "matched_budget": budget, "matched_multiple": multiple,
-                    "matched_peer_index": index}  # fmt: skip
-            matched = self._append(model, self.grid.match_method, target / baseline["peak_bytes"], target, peer)
-            rerun = self._append(model, method, budget, None, {**peer, "peer_rerun": True})
-            self.peer_of[matched] = rerun
-
-    def _peer_runs(self, matched: int) -> list[int]:
-        """The plan indices of the peer run a matched run was planned from and of every rerun of it (those beside
-        the other multiples too: one peer, one median)."""
-        first = self.extra[matched]["matched_peer_index"]
-        return [first, *(r for m, r in self.peer_of.items() if self.extra[m]["matched_peer_index"] == first)]
+                    "matched_peer_peak_bytes": row["peak_bytes"]}  # fmt: skip
+            self._append(model, self.grid.match_method, target / baseline["peak_bytes"], target, peer)
 
     def _append(self, model: str, method: str, budget: float | None, exact: int | None, extra: Row | None = None) -> int:
         self.plan.append((model, method, budget))
@@ -268,16 +258,12 @@ def _add_ratios(row: Row, baseline: Row | None, clock: str) -> None:
         row["within_budget"] = row["peak_bytes"] <= row["budget_bytes"]
 
 
-def _add_peer_ratio(row: Row, peer_runs: list[Row], clock: str) -> None:
-    """The matched run's step time over its peer's, the peer's time being the median of its runs that ended ok
-    (the planned one and each rerun beside a matched run), and its peak over the peer's planned run."""
-    key = "step_cpu_s" if clock == "cpu" else "step_s"
-    times = sorted(r[key] for r in peer_runs if r.get("status") == "ok" and r.get(key) is not None)
-    if row.get("status") != "ok" or not times or peer_runs[0].get("status") != "ok":
+def _add_peer_ratio(row: Row, clock: str) -> None:
+    """A paired run's step time and peak over its peer's, both measured in its process (child.py)."""
+    if row.get("status") != "ok" or row.get("peer_peak_bytes") is None:
         return
-    row["peer_step_s"] = statistics.median(times)
-    row["peer_peak_bytes"] = peer_runs[0]["peak_bytes"]
-    row["peer_time_ratio"] = row[key] / max(row["peer_step_s"], 1e-12)
+    row["peer_step_s"] = row["peer_step_cpu_s"] if clock == "cpu" else row["peer_step_wall_s"]
+    row["peer_time_ratio"] = row["step_cpu_s" if clock == "cpu" else "step_s"] / max(row["peer_step_s"], 1e-12)
     row["peer_peak_ratio"] = row["peak_bytes"] / max(row["peer_peak_bytes"], 1)
 
 

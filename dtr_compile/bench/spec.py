@@ -31,6 +31,11 @@ class RunSpec:
     reference: str  # file with the baseline's loss and gradients
     write_reference: bool  # True for the baseline run, which writes that file
     autocast: str | None = None  # "bf16": every step under torch.autocast(device type, torch.bfloat16)
+    # A side-by-side pair: the peer method (at its own budget fraction) runs in the same process on a second copy
+    # of the model, its steps interleaved with this method's, so the step-time ratio escapes the differences
+    # between processes (10-30% on a shared CPU, in CPU time too).
+    peer: str | None = None
+    peer_budget: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

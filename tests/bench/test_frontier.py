@@ -194,31 +194,33 @@ def test_an_infeasible_budget_is_run_again_at_the_floor_it_named(tmp_path, monke
     assert "the named floor" in frontier.markdown_table(frontier.frontier_rows(rows))
 
 
-def test_dtr_runs_at_each_peers_measured_peak_beside_a_rerun_of_the_peer(tmp_path, monkeypatch):
+def test_dtr_runs_at_each_peers_measured_peak_paired_with_the_peer_in_one_process(tmp_path, monkeypatch):
     """Issue 17's equal-memory targets: backend="dtr" is planned for each peer's measured peak (checkpointing's
-    also at twice it), the peer runs again right after it, and the ratio divides by the median of the peer's
-    runs (all of them, once all have run). A knob value whose peak is torch.compile's recomputes nothing and gets no match (children stubbed)."""
+    also at twice it) in a child that runs the peer beside it, and the ratio divides the two step times that child
+    measured. A knob value whose peak is torch.compile's recomputes nothing and gets no match (children stubbed)."""
     from dtr_compile.bench import runner
 
-    peaks = {"compile": 1000, "hf_ckpt_compile": 300, "amb_inductor": {0.5: 600, 0.0: 995}}
-    peer_times = iter([2.0, 4.0, 3.0])  # checkpointing's planned run, then its reruns
-    order: list[tuple[str, int | None]] = []
+    knob_peaks = {0.5: 600, 0.0: 995}
+    started: list[RunSpec] = []
 
     class FakeChild:
         def __init__(self, index, spec, timeout_s, cache_dir=None):
             self.index, self.spec, self.start = index, spec, 0.0
-            order.append((spec.method, spec.budget_bytes))
+            started.append(spec)
 
         def poll(self):
             spec = self.spec
             if spec.method == "dtr_inductor":
                 result = {"peak_bytes": int(0.97 * (spec.budget_bytes or 1100)), "step_cpu_s": 2.85}
             elif spec.method == "amb_inductor":
-                result = {"peak_bytes": peaks["amb_inductor"][spec.budget], "step_cpu_s": 1.5}
+                result = {"peak_bytes": knob_peaks[spec.budget], "step_cpu_s": 1.5}
             elif spec.method == "hf_ckpt_compile":
-                result = {"peak_bytes": 300, "step_cpu_s": next(peer_times)}
+                result = {"peak_bytes": 300, "step_cpu_s": 9.0}  # the planned run's time is not the pair's
             else:
-                result = {"peak_bytes": peaks[spec.method], "step_cpu_s": 1.0}
+                result = {"peak_bytes": 1000, "step_cpu_s": 1.0}
+            if spec.peer is not None:  # the pair: the peer's figures from the same process
+                peer_time = {"hf_ckpt_compile": 3.0, "amb_inductor": 1.5}[spec.peer]
+                result.update(peer_peak_bytes=310, peer_step_cpu_s=peer_time, peer_step_wall_s=peer_time)
             return runner._row(spec, {"status": "ok", "step_s": result["step_cpu_s"], **result})
 
         def kill(self):
@@ -228,21 +230,42 @@ def test_dtr_runs_at_each_peers_measured_peak_beside_a_rerun_of_the_peer(tmp_pat
     grid, _ = frontier.parse(["--models", "gpt2", "--dtypes", "fp32", "--methods", "hf_ckpt_compile", "amb_inductor",
                               "dtr_inductor", "--knob", "0.5", "0", "--dtr-budgets", "0.5", "--size", "tiny"])  # fmt: skip
     rows = runner.run_grid(grid, tmp_path, progress=lambda text: None)
-    # planned runs first, then (dtr at a peer's peak, the peer again) pairs; the knob at 0 has compile's peak
-    assert order[6:] == [("dtr_inductor", 300), ("hf_ckpt_compile", None), ("dtr_inductor", 600),
-                         ("hf_ckpt_compile", None), ("dtr_inductor", 600), ("amb_inductor", 500)], order  # fmt: skip
-    matched = [r for r in rows if r.get("matched_to") and not r.get("peer_rerun")]
+    # the planned runs first, then one paired run per (peer, multiple); the knob at 0 has compile's peak: no pair
+    paired = [(s.method, s.budget_bytes, s.peer, s.peer_budget) for s in started[6:]]
+    assert paired == [("dtr_inductor", 300, "hf_ckpt_compile", None), ("dtr_inductor", 600, "hf_ckpt_compile", None),
+                      ("dtr_inductor", 600, "amb_inductor", 0.5)], paired  # fmt: skip
+    assert all(s.peer is None for s in started[:6])
+    matched = [r for r in rows if r.get("matched_to")]
     assert [(r["matched_to"], r["matched_multiple"], r["budget_bytes"]) for r in matched] == [
         ("hf_ckpt_compile", 1.0, 300), ("hf_ckpt_compile", 2.0, 600), ("amb_inductor", 1.0, 600)]
     ckpt_1x, ckpt_2x, knob = matched
-    assert ckpt_1x["peer_step_s"] == ckpt_2x["peer_step_s"] == 3.0  # the median of 2, 4 and 3
-    assert ckpt_2x["peer_time_ratio"] == pytest.approx(0.95) and knob["peer_time_ratio"] == pytest.approx(1.9)
-    assert ckpt_1x["peer_peak_ratio"] == pytest.approx(291 / 300)
+    assert ckpt_1x["peer_step_s"] == 3.0 and ckpt_2x["peer_time_ratio"] == pytest.approx(0.95)
+    assert knob["peer_time_ratio"] == pytest.approx(1.9) and ckpt_1x["peer_peak_ratio"] == pytest.approx(291 / 310)
     table = frontier.markdown_table(frontier.frontier_rows(rows))
     equal_memory = table.split("Equal memory")[1].splitlines()
     assert [line.split(" | ")[0] for line in equal_memory if line.startswith("| ") and "MiB" not in line] == [
         "| checkpointing's peak", "| checkpointing's peak x2", "| knob 0.5's peak"]
     assert sum("| **no** |" in line for line in equal_memory) == 2  # 0.95 meets 1.00, not 0.92; 1.9 > 0.95
-    assert sum(line.startswith("| HF gradient") for line in table.split("Equal memory")[0].splitlines()) == 1
     write_csv(frontier.frontier_rows(rows), tmp_path / "frontier.csv", frontier.COLUMNS)
-    assert frontier.report_only(tmp_path) == table  # --report-only reads the matched runs back from the CSV
+    assert frontier.report_only(tmp_path) == table  # --report-only reads the paired runs back from the CSV
+
+
+def test_a_paired_child_runs_the_peer_beside_the_method_and_restores_the_knob(tmp_path):
+    """The pair's child measures both methods in one process (here per-block checkpointing beside the knob under
+    aot_eager: no Inductor compile), compares the method's gradients with the reference, and leaves PyTorch's knob
+    as it was, so that the method's own compile does not read the peer's setting."""
+    import torch._functorch.config as functorch_config
+
+    common = {"model": "gpt2", "size": "tiny", "device": "cpu", "threads": 1, "warmup": 1, "steps": 3, "seed": 0,
+              "reference": str(tmp_path / "ref.pt")}  # fmt: skip
+    reference = child.run(RunSpec(**common, method="eager", budget=None, budget_bytes=None, write_reference=True))
+    knob = functorch_config.activation_memory_budget
+    pair = child.run(RunSpec(**common, method="checkpoint", budget=None, budget_bytes=None, write_reference=False,
+                             peer="amb_aot_eager", peer_budget=0.3))  # fmt: skip
+    assert functorch_config.activation_memory_budget == knob
+    assert pair["status"] == "ok" and pair["correct"], pair
+    assert len(pair["step_times_s"]) == 3 and pair["peer_step_cpu_s"] > 0 and pair["peer_first_step_s"] > 0
+    # each peak is its own method's: the peer's is what the peer measures alone
+    alone = child.run(RunSpec(**common, method="amb_aot_eager", budget=0.3, budget_bytes=None, write_reference=False))
+    assert pair["peer_peak_bytes"] == alone["peak_bytes"] != pair["peak_bytes"]
+    assert reference["status"] == "ok"
