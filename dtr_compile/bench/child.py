@@ -75,21 +75,10 @@ def _measure(spec: RunSpec) -> dict[str, Any]:
         model.zero_grad(set_to_none=True)
 
     warmups, samples = warm_then_time(step, spec.warmup, spec.steps, spec.device, setup=clear_grads)
-    warmup_times = [s.wall_s for s in warmups]
-    wall_times, cpu_times = [s.wall_s for s in samples], [s.cpu_s for s in samples]
     model.zero_grad(set_to_none=True)
     loss, peak = measure_peak(step, spec.device)
     grads = {name: p.grad for name, p in model.named_parameters()}
-
-    out: dict[str, Any] = {
-        "description": case.description,
-        "peak_bytes": peak.peak_bytes,
-        "step_s": median(wall_times),
-        "step_cpu_s": median(cpu_times),
-        "step_times_s": wall_times,
-        "first_step_s": warmup_times[0] if warmup_times else None,
-        "loss": loss,
-    }
+    out: dict[str, Any] = {"description": case.description, **_timings(warmups, samples, peak.peak_bytes), "loss": loss}
     stats = getattr(plain_step, "runtime_state", {}).get("stats")
     if stats is not None:
         out["runtime_stats"] = _jsonable(stats)
@@ -133,21 +122,30 @@ def _measure_pair(spec: RunSpec) -> dict[str, Any]:
     model.zero_grad(set_to_none=True)
     loss, peak = measure_peak(step, spec.device)
     grads = {name: p.grad for name, p in model.named_parameters()}
+    peer = _timings(peer_warmups, samples["peer"], peer_peak.peak_bytes)
     out: dict[str, Any] = {
         "description": description,
-        "peak_bytes": peak.peak_bytes,
-        "step_s": median([s.wall_s for s in samples["self"]]),
-        "step_cpu_s": median([s.cpu_s for s in samples["self"]]),
-        "step_times_s": [s.wall_s for s in samples["self"]],
-        "first_step_s": warmups[0].wall_s,
+        **_timings(warmups, samples["self"], peak.peak_bytes),
         "loss": loss,
-        "peer_peak_bytes": peer_peak.peak_bytes,
-        "peer_step_wall_s": median([s.wall_s for s in samples["peer"]]),
-        "peer_step_cpu_s": median([s.cpu_s for s in samples["peer"]]),
-        "peer_first_step_s": peer_warmups[0].wall_s,
+        "peer_peak_bytes": peer["peak_bytes"],
+        "peer_step_wall_s": peer["step_s"],
+        "peer_step_cpu_s": peer["step_cpu_s"],
+        "peer_first_step_s": peer["first_step_s"],
     }
     out.update(_compare(spec.reference, loss, grads, bf16=spec.autocast == "bf16"))
     return out
+
+
+def _timings(warmups: list[Sample], samples: list[Sample], peak_bytes: int) -> dict[str, Any]:
+    """A run's result fields from its warm-up and timed steps and its measured peak (medians of the timed steps)."""
+    wall_times = [s.wall_s for s in samples]
+    return {
+        "peak_bytes": peak_bytes,
+        "step_s": median(wall_times),
+        "step_cpu_s": median([s.cpu_s for s in samples]),
+        "step_times_s": wall_times,
+        "first_step_s": warmups[0].wall_s if warmups else None,
+    }
 
 
 def _one(step: Any, model: torch.nn.Module, spec: RunSpec) -> Sample:

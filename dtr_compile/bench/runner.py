@@ -139,8 +139,7 @@ class _Scheduler:
             return  # this peer run is the baseline's memory level: nothing to match
         for multiple in multiples:
             target = int(row["peak_bytes"] * multiple)
-            peer = {"matched_to": method, "matched_budget": budget, "matched_multiple": multiple,
-                    "matched_peer_peak_bytes": row["peak_bytes"]}  # fmt: skip
+            peer = {"matched_to": method, "matched_budget": budget, "matched_multiple": multiple}
             self._append(model, self.grid.match_method, target / baseline["peak_bytes"], target, peer)
 
     def _append(self, model: str, method: str, budget: float | None, exact: int | None, extra: Row | None = None) -> int:
