@@ -163,24 +163,12 @@ def test_an_infeasible_budget_is_run_again_at_the_floor_it_named(tmp_path, monke
     run of the method at the exact bytes the BudgetError named, after the planned runs (children stubbed)."""
     from dtr_compile.bench import runner
 
-    started: list[RunSpec] = []
+    def result(spec):
+        if spec.budget_bytes is not None and spec.budget_bytes < 400:
+            return {"status": "infeasible", "reason": "BudgetError", "floor_bytes": 400}
+        return {"status": "ok", "peak_bytes": spec.budget_bytes or 1000, "step_s": 1.0, "step_cpu_s": 1.0}
 
-    class FakeChild:
-        def __init__(self, index, spec, timeout_s, cache_dir=None):
-            self.index, self.spec, self.start = index, spec, 0.0
-            started.append(spec)
-
-        def poll(self):
-            spec = self.spec
-            if spec.budget_bytes is not None and spec.budget_bytes < 400:
-                return runner._row(spec, {"status": "infeasible", "reason": "BudgetError", "floor_bytes": 400})
-            result = {"status": "ok", "peak_bytes": spec.budget_bytes or 1000, "step_s": 1.0, "step_cpu_s": 1.0}
-            return runner._row(spec, result)
-
-        def kill(self):
-            pass
-
-    monkeypatch.setattr(runner, "_Child", FakeChild)
+    started = _stub_children(monkeypatch, result)
     grid, _ = frontier.parse(["--models", "gpt2", "llama", "--dtypes", "fp32", "--methods", "dtr_inductor",
                               "--dtr-budgets", "0.5", "0.3", "0.1", "--size", "tiny"])  # fmt: skip
     rows = runner.run_grid(grid, tmp_path, progress=lambda text: None)
@@ -201,32 +189,22 @@ def test_dtr_runs_at_each_peers_measured_peak_paired_with_the_peer_in_one_proces
     from dtr_compile.bench import runner
 
     knob_peaks = {0.5: 600, 0.0: 995}
-    started: list[RunSpec] = []
 
-    class FakeChild:
-        def __init__(self, index, spec, timeout_s, cache_dir=None):
-            self.index, self.spec, self.start = index, spec, 0.0
-            started.append(spec)
+    def result(spec):
+        if spec.method == "dtr_inductor":
+            out = {"peak_bytes": int(0.97 * (spec.budget_bytes or 1100)), "step_cpu_s": 2.85}
+        elif spec.method == "amb_inductor":
+            out = {"peak_bytes": knob_peaks[spec.budget], "step_cpu_s": 1.5}
+        elif spec.method == "hf_ckpt_compile":
+            out = {"peak_bytes": 300, "step_cpu_s": 9.0}  # the planned run's time is not the pair's
+        else:
+            out = {"peak_bytes": 1000, "step_cpu_s": 1.0}
+        if spec.peer is not None:  # the pair: the peer's figures from the same process
+            peer_time = {"hf_ckpt_compile": 3.0, "amb_inductor": 1.5}[spec.peer]
+            out.update(peer_peak_bytes=310, peer_step_cpu_s=peer_time, peer_step_wall_s=peer_time)
+        return {"status": "ok", "step_s": out["step_cpu_s"], **out}
 
-        def poll(self):
-            spec = self.spec
-            if spec.method == "dtr_inductor":
-                result = {"peak_bytes": int(0.97 * (spec.budget_bytes or 1100)), "step_cpu_s": 2.85}
-            elif spec.method == "amb_inductor":
-                result = {"peak_bytes": knob_peaks[spec.budget], "step_cpu_s": 1.5}
-            elif spec.method == "hf_ckpt_compile":
-                result = {"peak_bytes": 300, "step_cpu_s": 9.0}  # the planned run's time is not the pair's
-            else:
-                result = {"peak_bytes": 1000, "step_cpu_s": 1.0}
-            if spec.peer is not None:  # the pair: the peer's figures from the same process
-                peer_time = {"hf_ckpt_compile": 3.0, "amb_inductor": 1.5}[spec.peer]
-                result.update(peer_peak_bytes=310, peer_step_cpu_s=peer_time, peer_step_wall_s=peer_time)
-            return runner._row(spec, {"status": "ok", "step_s": result["step_cpu_s"], **result})
-
-        def kill(self):
-            pass
-
-    monkeypatch.setattr(runner, "_Child", FakeChild)
+    started = _stub_children(monkeypatch, result)
     grid, _ = frontier.parse(["--models", "gpt2", "--dtypes", "fp32", "--methods", "hf_ckpt_compile", "amb_inductor",
                               "dtr_inductor", "--knob", "0.5", "0", "--dtr-budgets", "0.5", "--size", "tiny"])  # fmt: skip
     rows = runner.run_grid(grid, tmp_path, progress=lambda text: None)
@@ -274,3 +252,24 @@ def test_a_paired_child_runs_the_peer_beside_the_method_and_restores_the_knob(tm
         functorch_config.activation_memory_budget = knob
     assert pair["peer_peak_bytes"] == alone["peak_bytes"] != pair["peak_bytes"]
     assert reference["status"] == "ok"
+
+
+def _stub_children(monkeypatch, result) -> list[RunSpec]:
+    """Replace the harness's child processes with `result(spec)` (a child's result fields); returns the specs started."""
+    from dtr_compile.bench import runner
+
+    started: list[RunSpec] = []
+
+    class FakeChild:
+        def __init__(self, index, spec, timeout_s, cache_dir=None):
+            self.index, self.spec, self.start = index, spec, 0.0
+            started.append(spec)
+
+        def poll(self):
+            return runner._row(self.spec, result(self.spec))
+
+        def kill(self):
+            pass
+
+    monkeypatch.setattr(runner, "_Child", FakeChild)
+    return started
