@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", nargs="+", choices=FRONTIER_METHODS, default=list(FRONTIER_METHODS),
                    help="torch.compile always runs: it is the reference of every ratio")  # fmt: skip
     p.add_argument("--knob", nargs="+", type=float, default=list(KNOB), help="activation_memory_budget values")
-    p.add_argument("--dtr-budgets", nargs="+", type=float, default=list(DTR_BUDGETS),
-                   help='backend="dtr" budgets, fractions of torch.compile\'s measured peak (no budget always runs)')  # fmt: skip
+    p.add_argument("--dtr-budgets", nargs="*", type=float, default=list(DTR_BUDGETS),
+                   help='backend="dtr" budgets, fractions of torch.compile\'s measured peak (no budget always runs; '
+                   "none given: only no budget and the equal-memory runs)")  # fmt: skip
     p.add_argument("--eager-budgets", nargs="+", type=float, default=list(EAGER_BUDGETS),
                    help="eager DTR runtime budgets, fractions of torch.compile's measured peak")  # fmt: skip
     add_device_argument(p)
