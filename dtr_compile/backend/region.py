@@ -25,6 +25,13 @@ Where the assumed tail leaves a budget no plan, the first step plans with the le
 and the runtime holds the budget while the step measures the real one; a floor named before a step has run is the
 least tail's, one named after it the measured tail's.
 
+The first step's plan is made for a tail no step has measured, so with Inductor it was compiled twice: for that
+step, then for the tail it measured (GPT-2 at the CPU stand-in's 0.363: two Inductor compiles, 76 s of a first
+step where torch.compile's whole first call took 17 s). That first plan runs once, so its code is the FX code
+generator's (`_codegen_for`: plain aten ops, compiled in the time it takes to plan), and Inductor compiles once,
+when the step has ended, for the tail it measured (or the assumed one, when the two agree). A region whose first
+step ends without that (no backward: an evaluation; or the step failed) is compiled with Inductor at its next call.
+
 Dynamic shapes: Dynamo marks sizes that change between calls as symbolic and compiles once for all of them;
 the plan is made at the sizes seen when compiling (its decisions hold at every size) and the runtime makes
 room for each call at the actual sizes (Footprint.scale).
@@ -95,6 +102,10 @@ class Region:
         self.example_inputs = (
             fakes if len(fakes) == len(example_inputs) and all(f is not None for f in fakes) else list(example_inputs)
         )
+        # The parameters among them, weakly: a plan made after the first call is measured on them (`_stand_ins`).
+        self._parameters = {
+            i: weakref.ref(value) for i, value in enumerate(example_inputs) if isinstance(value, torch.nn.Parameter)
+        }
         self.codegen = config.codegen
         self.cost_mode = config.cost_mode
         self.reports: list[PlanReport] = []  # one per compile, for explain and tests
@@ -103,6 +114,14 @@ class Region:
         self._owner: Callable[[], Any] | None = None  # weak: what this region's steps belong to
         self._tail: Tail | None = None  # the measured tail it plans with (`_measured_tail`), once decided
         self._tail_decided = False
+        # The running code is the first step's FX code (`_codegen_for`), and the step it runs in; once the first
+        # step is over (`_first_step_over`), every plan is compiled with the region's code generator. A compile at
+        # a step's end that raised (`_replan_failed`: a MeasurementError, a profiler around it) is tried again at
+        # the end of the next step, which runs the FX code too.
+        self._provisional = False
+        self._provisional_step: tuple[int, int] | None = None
+        self._first_step_over = False
+        self._replan_failed = False
         # (the step's floor by this region's tightest plan, why) when its plan does not fit the step's budget
         self._floor_note: tuple[int, str] | None = None
         key, budget = self._plan_budget()
@@ -115,16 +134,24 @@ class Region:
             STEPS.begin(self._step_owner())
         try:
             key, budget = self._plan_budget()
-            if key != self._key:
+            runtime = current_step()
+            stale = self._provisional and _step_id(runtime) != self._provisional_step
+            if stale and self._replan_failed and runtime is not None:
+                self._provisional_step, self._replan_failed = _step_id(runtime), False  # planned when this one ends
+                stale = False
+            elif stale:
+                self._first_step_over = True  # the first step ended without a backward to plan again after: now
+            if key != self._key or stale:
+                inputs = self._stand_ins() if self._provisional else self.example_inputs
                 with _disable_current_modes():
-                    self._compile(key, budget, self.example_inputs)
+                    self._compile(key, budget, inputs)
                 _collect_compile_garbage()
             compiled = self._compiled
             assert compiled is not None
-            runtime = current_step()
             if self._floor_note is not None and runtime is not None:
                 runtime.note_region_floor(self.name, *self._floor_note)
-            if runtime is not None and key[0] == "step" and len(key) > 2 and key[2] is None and not self._tail_decided:
+            unmeasured_tail = key[0] == "step" and len(key) > 2 and key[2] is None and not self._tail_decided
+            if runtime is not None and (unmeasured_tail or self._provisional):
                 # planned for an unmeasured tail: plan again for the one this step measures, when it has ended
                 step_budget = key[1]  # type: ignore[index]
                 runtime.note_region_replan(self.name, lambda: self._replan_with_measured_tail(runtime, step_budget, budget))
@@ -192,21 +219,47 @@ class Region:
 
     def _replan_with_measured_tail(self, runtime: Any, step_budget: int, budget: int) -> tuple[int, str] | None:
         """After a step planned for an unmeasured tail ended: this region's plan for the tail the step measured
-        (the next step's plan, made now, with no step running), and its floor note if that plan does not fit."""
+        (the next step's plan, made now, with no step running), and its floor note if that plan does not fit. The
+        first step's FX code (`_codegen_for`) is replaced by Inductor's even when the measured tail is the assumed one."""
+        self._first_step_over = True
         tail = self._measured_tail(runtime, step_budget)
-        if tail is None:
+        if tail is None and not self._provisional:
             return None
-        with _disable_current_modes():
-            self._compile(("step", step_budget, tail), budget, self.example_inputs)
+        try:
+            with _disable_current_modes():
+                self._compile(("step", step_budget, tail), budget, self._stand_ins())
+        except BaseException:
+            self._replan_failed = self._provisional
+            raise
         return self._floor_note  # its garbage is collected at the region's next call
+
+    def _stand_ins(self) -> list[Any]:
+        """Inputs a plan made after the first call is compiled and measured on (passes/verify.py): the parameters
+        themselves, and a tensor of zeros (valid indices, finite values) of each other input's layout. With only the
+        fake tensors of `example_inputs`, the measurement had nothing to run, and the Inductor plan made after the
+        first step (`_codegen_for`) ran as modelled. A symbolic size keeps its fake tensor: nothing is measured."""
+        inputs: list[Any] = []
+        for i, value in enumerate(self.example_inputs):
+            parameter = self._parameters[i]() if i in self._parameters else None
+            if parameter is not None:
+                inputs.append(parameter)
+            elif isinstance(value, torch.Tensor) and all(isinstance(n, int) for n in (*value.shape, *value.stride())):
+                with _disable_current_modes():
+                    zeros = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+                    zeros.zero_()
+                inputs.append(zeros.requires_grad_(value.requires_grad))
+            else:
+                inputs.append(value)
+        return inputs
 
     def _compile(self, key: Hashable, budget: Budget, example_inputs: Sequence[Any]) -> None:
         global _compiled_since_collection
         _compiled_since_collection = True
         tail = key[2] if key[0] == "step" and len(key) > 2 else None  # type: ignore[index]
         self._floor_note = None
+        codegen = self._codegen_for(key)
         try:
-            self._compiled = self._compile_with(budget, example_inputs, tail)
+            self._compiled = self._compile_with(budget, example_inputs, tail, codegen)
         except BudgetError as error:
             floor = error.smallest_feasible_bytes
             if key[0] != "step" or floor is None or budget is None:  # type: ignore[index]
@@ -220,33 +273,64 @@ class Region:
                 # step runs under the runtime, which holds its budget (evicting, or raising), measures the real
                 # tail, and the next step plans with it (`_measured_tail`) or names the floor that one sets.
                 try:
-                    self._compiled = self._compile_with(budget, example_inputs, LEAST_TAIL)
+                    self._compiled = self._compile_with(budget, example_inputs, LEAST_TAIL, codegen)
                 except BudgetError as least:
                     least_floor = least.smallest_feasible_bytes
                 else:
-                    self._key = key
+                    self._installed(key, codegen)
                     return
-            if floor > step_budget:
-                # Not even a step holding nothing else runs this region's plan. Plan it as tight as it goes and run
-                # it under the runtime, which can run its parts op by op and evict inside them (the eager DTR path:
-                # an unrolled LSTM holds 0.3 of its peak that way). If the step still overruns, its BudgetError
-                # names the step's floor by this plan (the region's own plus what the step holds when it begins),
-                # not the op by op path's number (Runtime.note_region_floor).
-                self._floor_note = (
-                    floor + held,
-                    f"its compiled region {self.name} alone needs {format_bytes(floor)}"
-                    + (f", and the step holds {format_bytes(held)} when it begins" if held else "")
-                    + _least_tail_note(least_floor, floor, held),
-                )
             # The room left in the step is too small for this region alone: plan it as tight as it goes,
             # and let the runtime evict what is live outside it.
-            self._compiled = self._compile_with(floor, example_inputs, tail)
+            self._compiled = self._compile_with(floor, example_inputs, tail, codegen)
+            if floor > step_budget:
+                # Not even a step holding nothing else runs this region's plan. Run it as tight as it goes under the
+                # runtime, which can run its parts op by op and evict inside them (the eager DTR path: an unrolled
+                # LSTM holds 0.3 of its peak that way). If the step still overruns, its BudgetError names the step's
+                # floor by this plan (the region's own plus what the step holds when it begins), not the op by op
+                # path's number (Runtime.note_region_floor): the bytes the runtime makes room for when it calls the
+                # plan (`_footprint`), which a planner's floor scaled by a calibration (partition.py) can be below.
+                # The GPU test model at 0.3 (CPU) named 60.1 MiB where the unmeasured plan's model said 64.0, and the
+                # named floor did not run.
+                needs = max(floor, _reserved_peak(self.reports[-1])) if self.reports else floor
+                self._floor_note = (
+                    needs + held,
+                    f"its compiled region {self.name} alone needs {format_bytes(needs)}"
+                    + (f", and the step holds {format_bytes(held)} when it begins" if held else "")
+                    + _least_tail_note(least_floor, needs, held),
+                )
+        self._installed(key, codegen)
+
+    def _installed(self, key: Hashable, codegen: str) -> None:
+        """The plan for `key` is compiled (with `codegen`) and runs from now on. Until then the running code and
+        its state stay: a compile that raised (a MeasurementError at the step's end) is tried again next call."""
         self._key = key
+        self._provisional = codegen != self.codegen
+        self._provisional_step = _step_id(current_step() or STEPS.here.runtime) if self._provisional else None
+
+    def _codegen_for(self, key: Hashable) -> str:
+        """"fx" for a plan only the first step runs: made for a tail no step has measured (so it is planned again
+        when the step ends), in a step that can have a backward, with Inductor asked for. Else the region's own."""
+        first_step_plan = (
+            key[0] == "step" and len(key) > 2 and key[2] is None  # type: ignore[index]
+            and not self._tail_decided and not self._first_step_over
+        )  # fmt: skip
+        if self.codegen == "inductor" and first_step_plan and torch.is_grad_enabled():
+            return "fx"
+        return self.codegen
 
     def _compile_with(
-        self, budget: Budget, example_inputs: Sequence[Any], tail: Tail | None = None
+        self, budget: Budget, example_inputs: Sequence[Any], tail: Tail | None = None, codegen: str | None = None
     ) -> Callable[..., Any]:
-        partitioner = DTRPartitioner(budget, cost_mode=self.cost_mode, codegen=self.codegen, tail=tail)
+        codegen = codegen or self.codegen
+        if codegen != self.codegen:  # the first step's FX code runs once: no recompute kernels to compile for it
+            with config.patch(recompute_kernels="off"):
+                return self._compile_with_codegen(budget, example_inputs, tail, codegen)
+        return self._compile_with_codegen(budget, example_inputs, tail, codegen)
+
+    def _compile_with_codegen(
+        self, budget: Budget, example_inputs: Sequence[Any], tail: Tail | None, codegen: str
+    ) -> Callable[..., Any]:
+        partitioner = DTRPartitioner(budget, cost_mode=self.cost_mode, codegen=codegen, tail=tail)
 
         def wrap(graph: fx.GraphModule, phase: str) -> Callable[[Any], CompiledPart]:
             report = partitioner.reports[-1] if partitioner.reports and phase != "inference" else None
@@ -254,7 +338,12 @@ class Region:
                 self.reports.append(report)
             return part_maker(graph, phase, report, self.name)
 
-        return compile_region(self.gm, example_inputs, partitioner, codegen=self.codegen, wrap=wrap)
+        return compile_region(self.gm, example_inputs, partitioner, codegen=codegen, wrap=wrap)
+
+
+def _step_id(runtime: Any) -> tuple[int, int] | None:
+    """Which step `runtime` is running (or will run next): one Runtime runs many, counted by its stats."""
+    return None if runtime is None else (id(runtime), runtime.steps_ended)
 
 
 def part_maker(
@@ -306,18 +395,29 @@ def _fx_copy(graph: fx.GraphModule) -> fx.GraphModule:
     return boxed_fx(fx.GraphModule(graph, copied), [])
 
 
+def _reserved_peak(report: PlanReport) -> int:
+    """The peak the runtime makes room for when it calls this plan's code (`_footprint`): its measurement at compile
+    time, else its model."""
+    measured = report.measured_peak_bytes
+    return measured if measured is not None else report.planned_peak.peak_bytes
+
+
 def _footprint(report: PlanReport, phase: str, example_numels: tuple[int, ...]) -> Footprint:
     """Read off the plan's modelled schedule (and its compile-time measurement): what the part leaves allocated,
     and its transient peak."""
     model = report.planned_peak
     points = [p.bytes_live for p in model.timeline if p.phase == phase]
     peak = max(points, default=0)
-    # What the compiled code measured above the model at compile time (verify.py: Inductor's fused kernels, its
-    # buffers), counted in the phase of the modelled peak: read off the model alone, the runtime made room for 2 MiB
-    # less than Llama's backward allocated at 0.3 (CPU stand-in: 58.1 MiB measured under a 56.2 MiB budget).
+    # Where the compiled code was measured at compile time (verify.py), the measurement is the peak, in the phase of
+    # the modelled one, and no phase reserves more. Above the model (Inductor's fused kernels, its buffers): read off
+    # the model alone, the runtime made room for 2 MiB less than Llama's backward allocated at 0.3 (CPU stand-in: 58.1
+    # MiB measured under a 56.2 MiB budget). Below it (Inductor reuses buffers the model counts apart): the runtime made
+    # room for the model's 71.1 MiB where the plan measured 63.1, found no room under the 67.4 MiB floor that plan's
+    # measurement had named, and the named floor did not run (GPU test model at 0.3, CPU and H100 alike).
     peak_phase = max(model.timeline, key=lambda p: p.bytes_live).phase if model.timeline else None
-    if phase == peak_phase and report.measured_peak_bytes is not None:
-        peak += max(0, report.measured_peak_bytes - model.peak_bytes)
+    measured = report.measured_peak_bytes
+    if measured is not None:
+        peak = measured if phase == peak_phase else min(peak, measured)
     saved = model.saved_bytes  # what the forward leaves alive: saved activations and outputs
     if phase == "forward":
         return Footprint(saved, max(0, peak - saved), example_numels)

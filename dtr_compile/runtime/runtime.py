@@ -470,6 +470,11 @@ class Runtime:
             return self._auto_bytes
         return budget
 
+    @property
+    def steps_ended(self) -> int:
+        """How many steps this Runtime has run to their end (what `stats().steps` reports), cheaply."""
+        return self._steps
+
     def stats(self) -> RuntimeStats:
         engine = self.engine
         return RuntimeStats(

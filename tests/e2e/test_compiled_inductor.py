@@ -124,3 +124,52 @@ def test_inductor_measured_peak_within_budget_at_every_budget(name: str) -> None
             assert measured <= 1.05 * report.budget_bytes, (name, budget, measured, report.budget_bytes)
             peaks.append(measured)
     assert peaks and peaks == sorted(peaks, reverse=True)
+
+
+def test_the_first_step_runs_fx_code_and_inductor_compiles_once_when_it_ends(monkeypatch) -> None:
+    """The first step's plan is made for a tail no step has measured and runs once, so its code is the FX code
+    generator's; Inductor compiles once, when that step's backward has ended, for the tail it measured, and that
+    plan is measured as it compiles (on the parameters and stand-ins of the other inputs). A region whose first
+    step has no backward (an evaluation with gradients on) compiles with Inductor at its next call."""
+    from dtr_compile.backend import region as region_module
+
+    compiles: list[str] = []
+    original = region_module.Region._compile_with_codegen
+
+    def counting(self, budget, example_inputs, tail, codegen):
+        compiles.append(codegen)
+        return original(self, budget, example_inputs, tail, codegen)
+
+    monkeypatch.setattr(region_module.Region, "_compile_with_codegen", counting)
+    earlier = _regions()  # regions earlier tests left alive are not this test's
+    model, inputs = models.mlp()
+    expected = models.eager_grads(model, inputs)
+    torch._dynamo.reset()
+    with dtr_compile.config.patch(memory_budget=int(1.5e6), codegen="inductor", plan_cache=False):
+        compiled = torch.compile(model, backend="dtr")
+        for step in range(3):
+            model.zero_grad(set_to_none=True)
+            compiled(*inputs).sum().backward()
+            assert compiles == ["fx", "inductor"], (step, compiles)  # the first step's backward ended with it
+            grads = {name: p.grad for name, p in model.named_parameters()}
+            assert max((grads[k] - expected[k]).abs().max().item() for k in grads) < 1e-4, step
+    assert compiles == ["fx", "inductor"], compiles
+    (region,) = [r for r in _regions() if r.reports and not any(r is e for e in earlier)]
+    assert not region._provisional and region.reports[-1].measured_peak_bytes is not None
+
+    compiles.clear()
+    torch._dynamo.reset()
+    with dtr_compile.config.patch(memory_budget=int(1.5e6), codegen="inductor", plan_cache=False):
+        evaluated = torch.compile(model, backend="dtr")
+        evaluated(*inputs)  # a step with no backward: nothing plans again at its end
+        assert compiles == ["fx"]
+        evaluated(*inputs)
+    assert compiles == ["fx", "inductor"], compiles
+
+
+def _regions() -> list:
+    import gc
+
+    from dtr_compile.backend.region import Region
+
+    return [o for o in gc.get_objects() if type(o) is Region]
