@@ -2,12 +2,15 @@
 # One prepared call for a lent GPU (issue 17's claims are GPU claims): the GPU test suite, then the full-size
 # frontier one method at a time, so that its step times are side by side. Everything lands under $OUT (or ./gpu-out).
 #
-#   bash tools/gpu_check.sh                  # about 9 minutes on an H100 with cold caches
+#   bash tools/gpu_check.sh                  # about 9.5 minutes on an H100 with cold caches: run it with timeout_s 600
 #   FRONTIER_S=0 bash tools/gpu_check.sh     # the tests only
 #
 # The frontier runs torch.compile, per-block checkpointing, selective checkpointing and the knob at 0.5, each alone,
 # then backend="dtr" with no budget (and at BUDGETS, fractions of torch.compile's peak, when set), then
-# backend="dtr" at each peer's measured peak, in one process with that peer (the equal-memory pairs: their step-time ratio is issue 17's claim).
+# backend="dtr" at each peer's measured peak, in one process with that peer (the equal-memory pairs: their step-time
+# ratio is issue 17's claim). On an H100 (2026-11-27) the tests took 83 s and each frontier run 43-51 s alone, 59-79 s
+# as a pair: nine runs need about 490 s, and the 15 minutes of a session hold this call once, with about 4 minutes to
+# spare for a second, shorter one (FRONTIER_S, --methods cut to what is missing).
 #
 # Lessons of the first GPU session: run the frontier with --jobs 1 (four runs at once shared the GPU and made every
 # time ratio meaningless); torch.compile's first call took 20-56 s per process there; an infeasible budget is rerun
@@ -21,13 +24,13 @@ start=$(date +%s)
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || echo "install failed: $OUT/install.log"
 python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
 parallel=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")  # pytest-xdist, where installed
-if [ "${TESTS_S:-100}" -gt 0 ]; then
-  timeout "${TESTS_S:-100}" python3 -m pytest -m gpu tests/gpu tests/test_roofline_devices.py -q $parallel \
+if [ "${TESTS_S:-90}" -gt 0 ]; then
+  timeout "${TESTS_S:-90}" python3 -m pytest -m gpu tests/gpu tests/test_roofline_devices.py -q $parallel \
     -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|FAILED|^E " | head -40
 fi
 echo "tests done at $(( $(date +%s) - start )) s"
-if [ "${FRONTIER_S:-440}" -gt 0 ]; then
-  DTR_COMPILE_CACHE_DIR=$(mktemp -d) timeout "${FRONTIER_S:-440}" python3 -m dtr_compile.bench --frontier \
+if [ "${FRONTIER_S:-490}" -gt 0 ]; then
+  DTR_COMPILE_CACHE_DIR=$(mktemp -d) timeout "${FRONTIER_S:-490}" python3 -m dtr_compile.bench --frontier \
     --size full --models gpt2 --dtypes ${DTYPES:-fp32} --methods compile hf_ckpt_compile sac_compile amb_inductor dtr_inductor \
     --knob 0.5 --dtr-budgets ${BUDGETS-} --steps 10 --jobs 1 --timeout 120 --out "$OUT/frontier" \
     2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tee "$OUT/frontier.log" | grep -v "^|"
