@@ -52,6 +52,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .. import auto_budget, config
 from ..config import Budget
 from ..errors import BudgetError, format_bytes
+from ..passes import running_plans
 from ..passes.costs import is_random
 from ..passes.meta import cost_of
 from ..passes.partition import DTRPartitioner, PlanReport
@@ -142,9 +143,9 @@ class Region:
             elif stale:
                 self._first_step_over = True  # the first step ended without a backward to plan again after: now
             if key != self._key or stale:
-                inputs = self._stand_ins() if self._provisional else self.example_inputs
+                measure_on = self._stand_ins() if self._provisional else None
                 with _disable_current_modes():
-                    self._compile(key, budget, inputs)
+                    self._compile(key, budget, self.example_inputs, measure_on)
                 _collect_compile_garbage()
             compiled = self._compiled
             assert compiled is not None
@@ -154,7 +155,9 @@ class Region:
             if runtime is not None and (unmeasured_tail or self._provisional):
                 # planned for an unmeasured tail: plan again for the one this step measures, when it has ended
                 step_budget = key[1]  # type: ignore[index]
-                runtime.note_region_replan(self.name, lambda: self._replan_with_measured_tail(runtime, step_budget, budget))
+                runtime.note_region_replan(
+                    self.name, lambda: self._replan_with_measured_tail(runtime, step_budget, budget)
+                )
             return compiled(*args)
         except BaseException:
             if STEPS.running() and current_step() is STEPS.runtime:
@@ -227,7 +230,7 @@ class Region:
             return None
         try:
             with _disable_current_modes():
-                self._compile(("step", step_budget, tail), budget, self._stand_ins())
+                self._compile(("step", step_budget, tail), budget, self.example_inputs, self._stand_ins())
         except BaseException:
             self._replan_failed = self._provisional
             raise
@@ -252,14 +255,18 @@ class Region:
                 inputs.append(value)
         return inputs
 
-    def _compile(self, key: Hashable, budget: Budget, example_inputs: Sequence[Any]) -> None:
+    def _compile(
+        self, key: Hashable, budget: Budget, example_inputs: Sequence[Any], measure_on: Sequence[Any] | None = None
+    ) -> None:
+        """Compile the plan for `key` on `example_inputs` (after the first call: the fake tensors Dynamo traced,
+        as every compile of the region), measured on `measure_on` when given (`_stand_ins`: real tensors)."""
         global _compiled_since_collection
         _compiled_since_collection = True
         tail = key[2] if key[0] == "step" and len(key) > 2 else None  # type: ignore[index]
         self._floor_note = None
         codegen = self._codegen_for(key)
         try:
-            self._compiled = self._compile_with(budget, example_inputs, tail, codegen)
+            self._compiled = self._compile_with(budget, example_inputs, tail, codegen, measure_on=measure_on)
         except BudgetError as error:
             floor = error.smallest_feasible_bytes
             if key[0] != "step" or floor is None or budget is None:  # type: ignore[index]
@@ -273,7 +280,9 @@ class Region:
                 # step runs under the runtime, which holds its budget (evicting, or raising), measures the real
                 # tail, and the next step plans with it (`_measured_tail`) or names the floor that one sets.
                 try:
-                    self._compiled = self._compile_with(budget, example_inputs, LEAST_TAIL, codegen)
+                    self._compiled = self._compile_with(
+                        budget, example_inputs, LEAST_TAIL, codegen, measure_on=measure_on
+                    )
                 except BudgetError as least:
                     least_floor = least.smallest_feasible_bytes
                 else:
@@ -281,7 +290,7 @@ class Region:
                     return
             # The room left in the step is too small for this region alone: plan it as tight as it goes,
             # and let the runtime evict what is live outside it.
-            self._compiled = self._compile_with(floor, example_inputs, tail, codegen)
+            self._compiled = self._compile_with(floor, example_inputs, tail, codegen, measure_on=measure_on)
             if floor > step_budget:
                 # Not even a step holding nothing else runs this region's plan. Run it as tight as it goes under the
                 # runtime, which can run its parts op by op and evict inside them (the eager DTR path: an unrolled
@@ -304,31 +313,53 @@ class Region:
         """The plan for `key` is compiled (with `codegen`) and runs from now on. Until then the running code and
         its state stay: a compile that raised (a MeasurementError at the step's end) is tried again next call."""
         self._key = key
+        if self.reports:
+            running_plans.record(self.name, self.reports[-1])
         self._provisional = codegen != self.codegen
         self._provisional_step = _step_id(current_step() or STEPS.here.runtime) if self._provisional else None
 
     def _codegen_for(self, key: Hashable) -> str:
-        """"fx" for a plan only the first step runs: made for a tail no step has measured (so it is planned again
+        """ "fx" for a plan only the first step runs: made for a tail no step has measured (so it is planned again
         when the step ends), in a step that can have a backward, with Inductor asked for. Else the region's own."""
         first_step_plan = (
             key[0] == "step" and len(key) > 2 and key[2] is None  # type: ignore[index]
             and not self._tail_decided and not self._first_step_over
         )  # fmt: skip
-        if self.codegen == "inductor" and first_step_plan and torch.is_grad_enabled():
+        if self.codegen == "inductor" and first_step_plan and torch.is_grad_enabled() and self._static_tensor_inputs():
             return "fx"
         return self.codegen
 
+    def _static_tensor_inputs(self) -> bool:
+        """Are the region's inputs all tensors of static sizes? Only then is its Inductor plan compiled after the first
+        step: a Python scalar Dynamo traced as a symbol made AOTAutograd ask Dynamo to restart its analysis
+        (TensorifyScalarRestartAnalysis), which only Dynamo's own compile of the frame can do."""
+        return all(
+            isinstance(value, torch.Tensor) and all(isinstance(n, int) for n in (*value.shape, *value.stride()))
+            for value in self.example_inputs
+        )
+
     def _compile_with(
-        self, budget: Budget, example_inputs: Sequence[Any], tail: Tail | None = None, codegen: str | None = None
+        self,
+        budget: Budget,
+        example_inputs: Sequence[Any],
+        tail: Tail | None = None,
+        codegen: str | None = None,
+        *,
+        measure_on: Sequence[Any] | None = None,
     ) -> Callable[..., Any]:
         codegen = codegen or self.codegen
         if codegen != self.codegen:  # the first step's FX code runs once: no recompute kernels to compile for it
             with config.patch(recompute_kernels="off"):
-                return self._compile_with_codegen(budget, example_inputs, tail, codegen)
-        return self._compile_with_codegen(budget, example_inputs, tail, codegen)
+                return self._compile_with_codegen(budget, example_inputs, tail, codegen, measure_on)
+        return self._compile_with_codegen(budget, example_inputs, tail, codegen, measure_on)
 
     def _compile_with_codegen(
-        self, budget: Budget, example_inputs: Sequence[Any], tail: Tail | None, codegen: str
+        self,
+        budget: Budget,
+        example_inputs: Sequence[Any],
+        tail: Tail | None,
+        codegen: str,
+        measure_on: Sequence[Any] | None = None,
     ) -> Callable[..., Any]:
         partitioner = DTRPartitioner(budget, cost_mode=self.cost_mode, codegen=codegen, tail=tail)
 
@@ -338,7 +369,7 @@ class Region:
                 self.reports.append(report)
             return part_maker(graph, phase, report, self.name)
 
-        return compile_region(self.gm, example_inputs, partitioner, codegen=codegen, wrap=wrap)
+        return compile_region(self.gm, example_inputs, partitioner, codegen=codegen, wrap=wrap, measure_on=measure_on)
 
 
 def _step_id(runtime: Any) -> tuple[int, int] | None:

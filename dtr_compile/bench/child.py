@@ -22,6 +22,7 @@ import torch
 
 from ..errors import BudgetError, ThrashError
 from ..measure import device_name, measure_peak
+from ..passes import running_plans
 from .methods import Budget, NotBuilt, get_method
 from .models import build_model
 from .spec import RESULT_KEY, RunSpec
@@ -82,7 +83,7 @@ def _measure(spec: RunSpec) -> dict[str, Any]:
     stats = getattr(plain_step, "runtime_state", {}).get("stats")
     if stats is not None:
         out["runtime_stats"] = _jsonable(stats)
-    plan = plan_summary()
+    plan = running_plans.summary()
     if plan:
         out["plan"] = plan
     if spec.write_reference:
@@ -136,44 +137,10 @@ def _measure_pair(spec: RunSpec) -> dict[str, Any]:
         "peer_first_step_s": peer["first_step_s"],
     }
     out.update(_compare(spec.reference, loss, grads, bf16=spec.autocast == "bf16"))
-    plan = plan_summary()
+    plan = running_plans.summary()
     if plan:
         out["plan"] = plan
     return out
-
-
-def plan_summary(top: int = 6) -> str:
-    """What backend="dtr" runs in this process, per compiled region: the chain's block options, the modelled
-    recompute time over the step's compute, the planned and measured peaks, and the ops recomputed most. A figure that
-    misses its target (a GPU session has minutes) says from the row alone what the plan did."""
-    import gc
-    import re
-    from collections import Counter
-
-    from ..backend.region import Region
-    from ..errors import format_bytes
-    from ..explain import Explanation
-
-    parts = []
-    regions = sorted((o for o in gc.get_objects() if type(o) is Region and o.reports), key=lambda r: r.name)
-    for region in regions:
-        report = region.reports[-1]
-        plan = report.plan
-        options = Counter(plan.block_options or ())
-        recomputed = Counter()
-        for d in Explanation([report]).decisions():
-            if d.decision == "recomputed":
-                recomputed[re.sub(r"_\d+$", "", d.name)] += d.recomputes
-        measured = report.measured_peak_bytes
-        parts.append(
-            f"{region.name}: "
-            + (", ".join(f"{o} x{n}" for o, n in options.items()) + "; " if options else "")
-            + f"recompute {plan.recompute_s * 1e3:.1f} of {plan.compute_s * 1e3:.1f} ms modelled; "
-            + f"planned {format_bytes(report.planned_peak.peak_bytes)}"
-            + (f", measured {format_bytes(measured)}" if measured is not None else "")
-            + (f"; recomputes {', '.join(f'{op} x{n}' for op, n in recomputed.most_common(top))}" if recomputed else "")
-        )
-    return " | ".join(parts)
 
 
 def _timings(warmups: list[Sample], samples: list[Sample], peak_bytes: int) -> dict[str, Any]:

@@ -63,7 +63,7 @@ TARGETS = {("hf_ckpt_compile", 1.0): 1.00, ("hf_ckpt_compile", 2.0): 0.92, ("sac
 #     the peer running in the same process, steps interleaved; peer_step_s, peer_peak_bytes: the peer's there;
 #     peer_time_ratio, peer_peak_ratio: the matched run's step time and peak over the peer's; target_time_ratio:
 #     issue 17's bound on peer_time_ratio
-#   plan: backend="dtr"'s plan per compiled region (bench/child.plan_summary): block options, modelled recompute
+#   plan: backend="dtr"'s plan per compiled region (passes/running_plans.summary): block options, modelled recompute
 #     time, planned and measured peaks, the ops it recomputes most
 COLUMNS = (
     "model", "dtype", "size", "description", "method", "label", "budget", "budget_bytes", "status", "reason",

@@ -175,19 +175,20 @@ def test_quick_times_with_the_cpu_clock_and_full_runs_with_the_wall_clock():
 
 
 def test_plan_summary_says_what_each_region_recomputes():
-    """A frontier row carries backend="dtr"'s plan (child.plan_summary), so a figure that misses its target says from
+    """A frontier row carries backend="dtr"'s plan (passes/running_plans.summary), so a figure that misses its target says from
     the row alone what the plan recomputed (the FX code generator: compiled as fast as it plans)."""
     import dtr_compile
+    from dtr_compile.passes import running_plans
 
     case = build_model("gpt2", "small", seed=0)
-    (inputs, target), earlier = case.make_batch("cpu"), child.plan_summary()
+    (inputs, target), earlier = case.make_batch("cpu"), running_plans.summary()
     torch._dynamo.reset()
     with dtr_compile.config.patch(memory_budget=0.8, codegen="fx", plan_cache=False):
         compiled = torch.compile(case.model, backend="dtr")
         for _ in range(3):  # the first step calibrates the fraction
             case.model.zero_grad(set_to_none=True)
             case.loss_fn(compiled(*inputs), target).backward()
-    summary = child.plan_summary()
+    summary = running_plans.summary()
     new = [part for part in summary.split(" | ") if part not in earlier.split(" | ")]
     assert len(new) == 1 and new[0].startswith("region"), summary
     assert "ms modelled" in new[0] and "planned" in new[0] and "recomputes " in new[0], new[0]

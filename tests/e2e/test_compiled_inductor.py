@@ -136,9 +136,9 @@ def test_the_first_step_runs_fx_code_and_inductor_compiles_once_when_it_ends(mon
     compiles: list[str] = []
     original = region_module.Region._compile_with_codegen
 
-    def counting(self, budget, example_inputs, tail, codegen):
+    def counting(self, budget, example_inputs, tail, codegen, measure_on=None):
         compiles.append(codegen)
-        return original(self, budget, example_inputs, tail, codegen)
+        return original(self, budget, example_inputs, tail, codegen, measure_on)
 
     monkeypatch.setattr(region_module.Region, "_compile_with_codegen", counting)
     earlier = _regions()  # regions earlier tests left alive are not this test's

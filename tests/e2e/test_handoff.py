@@ -156,9 +156,9 @@ def test_a_region_whose_plan_does_not_fit_the_step_runs_op_by_op_within_it(monke
     told: dict[int, int] = {}  # region -> the floor it was told (then it is planned at that floor)
     real: dict[int, set[int]] = {}  # region -> floors its real planner named (the region then plans at them)
 
-    def floor_above_the_step(self, budget, example_inputs, tail=None, codegen=None):
+    def floor_above_the_step(self, budget, example_inputs, tail=None, codegen=None, **kwargs):
         try:
-            compiled = original(self, budget, example_inputs, tail, codegen)
+            compiled = original(self, budget, example_inputs, tail, codegen, **kwargs)
         except dtr_compile.BudgetError as error:  # a real one goes to the region as it is
             real.setdefault(id(self), set()).add(error.smallest_feasible_bytes)
             raise
@@ -195,7 +195,7 @@ def test_the_first_steps_output_is_not_held_by_garbage_the_compile_left(monkeypa
     original = dtr_compile.backend.region.Region._compile_with
     raised: list[int] = []
 
-    def too_tight_once(self, budget, example_inputs, tail=None, codegen=None):
+    def too_tight_once(self, budget, example_inputs, tail=None, codegen=None, **kwargs):
         if not raised and budget is not None:
             raised.append(budget)
             error = dtr_compile.BudgetError("stand-in floor", budget_bytes=budget, smallest_feasible_bytes=budget)
@@ -204,7 +204,7 @@ def test_the_first_steps_output_is_not_held_by_garbage_the_compile_left(monkeypa
         # one, passes/verify.py) moves the cycle to the oldest generation, which TorchDynamo's own collection after
         # a compile (generation 1) leaves alone.
         gc.collect()
-        return original(self, budget, example_inputs, tail, codegen)
+        return original(self, budget, example_inputs, tail, codegen, **kwargs)
 
     monkeypatch.setattr(dtr_compile.backend.region.Region, "_compile_with", too_tight_once)
     model, (x,) = compiled_models.mlp()
