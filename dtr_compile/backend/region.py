@@ -246,7 +246,7 @@ class Region:
             parameter = self._parameters[i]() if i in self._parameters else None
             if parameter is not None:
                 inputs.append(parameter)
-            elif isinstance(value, torch.Tensor) and all(isinstance(n, int) for n in (*value.shape, *value.stride())):
+            elif _static_tensor(value):
                 with _disable_current_modes():
                     zeros = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
                     zeros.zero_()
@@ -333,10 +333,7 @@ class Region:
         """Are the region's inputs all tensors of static sizes? Only then is its Inductor plan compiled after the first
         step: a Python scalar Dynamo traced as a symbol made AOTAutograd ask Dynamo to restart its analysis
         (TensorifyScalarRestartAnalysis), which only Dynamo's own compile of the frame can do."""
-        return all(
-            isinstance(value, torch.Tensor) and all(isinstance(n, int) for n in (*value.shape, *value.stride()))
-            for value in self.example_inputs
-        )
+        return all(_static_tensor(value) for value in self.example_inputs)
 
     def _compile_with(
         self,
@@ -370,6 +367,11 @@ class Region:
             return part_maker(graph, phase, report, self.name)
 
         return compile_region(self.gm, example_inputs, partitioner, codegen=codegen, wrap=wrap, measure_on=measure_on)
+
+
+def _static_tensor(value: Any) -> bool:
+    """A tensor whose sizes and strides are plain ints (no symbol Dynamo traced): one a stand-in can be made for."""
+    return isinstance(value, torch.Tensor) and all(isinstance(n, int) for n in (*value.shape, *value.stride()))
 
 
 def _step_id(runtime: Any) -> tuple[int, int] | None:

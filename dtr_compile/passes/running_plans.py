@@ -15,6 +15,7 @@ from collections import Counter
 from torch import fx
 
 from ..errors import format_bytes
+from .inlining import is_view
 from .partition import PlanReport
 from .rewrite import RECOMPUTE_META_KEY
 
@@ -61,7 +62,4 @@ def summary(top: int = 6) -> str:
 def _computes(node: fx.Node) -> bool:
     """An op that computes something: not a view (re-derived for free) nor a getitem of a multi-output op (that op is
     counted)."""
-    if node.op != "call_function" or node.target is operator.getitem:
-        return False
-    schema = getattr(node.target, "_schema", None)
-    return schema is None or not any(a.alias_info is not None and not a.alias_info.is_write for a in schema.returns)
+    return node.op == "call_function" and node.target is not operator.getitem and not is_view(node)
