@@ -4,11 +4,15 @@
 #
 #   bash tools/gpu_check.sh                  # about 9.5 minutes on an H100 with cold caches: run it with timeout_s 600
 #   FRONTIER_S=0 bash tools/gpu_check.sh     # the tests only
+#   TESTS_S=0 METHODS="compile hf_ckpt_compile dtr_inductor" FRONTIER_S=240 bash tools/gpu_check.sh
+#                                            # checkpointing alone and backend="dtr" at its peak and twice it
 #
-# The frontier runs torch.compile, per-block checkpointing, selective checkpointing and the knob at 0.5, each alone,
-# then backend="dtr" with no budget (and at BUDGETS, fractions of torch.compile's peak, when set), then
+# The frontier runs torch.compile, per-block checkpointing, selective checkpointing and the knob at 0.5 (METHODS),
+# each alone, then backend="dtr" with no budget (and at BUDGETS, fractions of torch.compile's peak, when set), and
 # backend="dtr" at each peer's measured peak, in one process with that peer (the equal-memory pairs: their step-time
-# ratio is issue 17's claim). On an H100 (2026-11-27) the tests took 83 s and each frontier run 43-51 s alone, 59-79 s
+# ratio is issue 17's claim). Each pair starts as soon as its peer's run ends (bench/runner.py), so a frontier cut by
+# FRONTIER_S loses the planned runs last in line (backend="dtr" with no budget: met in every GPU run so far), not a
+# pair. On an H100 (2026-11-27) the tests took 83 s and each frontier run 43-51 s alone, 59-79 s
 # as a pair: nine runs need about 490 s, and the 15 minutes of a session hold this call once, with about 4 minutes to
 # spare for a second, shorter one (FRONTIER_S, --methods cut to what is missing).
 #
@@ -31,7 +35,7 @@ fi
 echo "tests done at $(( $(date +%s) - start )) s"
 if [ "${FRONTIER_S:-490}" -gt 0 ]; then
   DTR_COMPILE_CACHE_DIR=$(mktemp -d) timeout "${FRONTIER_S:-490}" python3 -m dtr_compile.bench --frontier \
-    --size full --models gpt2 --dtypes ${DTYPES:-fp32} --methods compile hf_ckpt_compile sac_compile amb_inductor dtr_inductor \
+    --size full --models gpt2 --dtypes ${DTYPES:-fp32} --methods ${METHODS:-compile hf_ckpt_compile sac_compile amb_inductor dtr_inductor} \
     --knob 0.5 --dtr-budgets ${BUDGETS-} --steps 10 --jobs 1 --timeout 120 --out "$OUT/frontier" \
     2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tee "$OUT/frontier.log" | grep -v "^|"
 fi

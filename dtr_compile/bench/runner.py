@@ -3,7 +3,8 @@
 A run waits for its model's baseline (budget bytes and reference gradients come from it); if the baseline
 fails, the model's other runs become rows with status "error" and that reason, and nothing is started.
 Runs planned from another run's result (a rerun at a named floor; a run at a peer's measured peak, paired in one
-process with that peer) follow the planned ones, with the exact bytes they were planned for.
+process with that peer) start before the planned runs still waiting, with the exact bytes they were planned for;
+their rows follow the planned ones.
 """
 
 from __future__ import annotations
@@ -74,7 +75,10 @@ class _Scheduler:
         return [self.rows[i] for i in range(len(self.plan))]
 
     def _start_ready(self) -> None:
-        for index in list(self.pending):
+        # Runs planned from another run's result (equal-memory pairs, reruns at a named floor) start before the
+        # planned runs still waiting: a frontier cut by its time limit (a GPU's lease) then loses a planned run, not
+        # the pair whose peer it already paid for. Rows keep their plan order whatever order they ran in.
+        for index in sorted(self.pending, key=lambda i: i not in self.exact):
             model, method, budget = self.plan[index]
             baseline = self.baselines.get(model)
             if method != self.grid.baseline and baseline is None:

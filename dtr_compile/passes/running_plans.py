@@ -37,7 +37,8 @@ def running() -> dict[str, PlanReport]:
 
 def summary(top: int = 6) -> str:
     """Per region: the chain's block options, the modelled recompute time over the step's compute, the planned and
-    measured peaks, and the ops recomputed most (by op name, counting each recomputation)."""
+    measured peaks against the budget (and what the model was held to: the device's aim over the graph's measured /
+    modelled ratio), and the ops recomputed most (by op name, counting each recomputation)."""
     parts = []
     for name, report in running().items():
         plan = report.plan
@@ -54,6 +55,9 @@ def summary(top: int = 6) -> str:
             + f"recompute {plan.recompute_s * 1e3:.1f} of {plan.compute_s * 1e3:.1f} ms modelled; "
             + f"planned {format_bytes(report.planned_peak.peak_bytes)}"
             + (f", measured {format_bytes(measured)}" if measured is not None else "")
+            + (f" of {format_bytes(report.budget_bytes)} (model held to {report.model_scale:.3f} of it"
+               f"{f', planned {report.replans + 1} times' if report.replans else ''})"
+               if report.budget_bytes is not None else "")
             + (f"; recomputes {', '.join(f'{op} x{n}' for op, n in recomputed.most_common(top))}" if recomputed else "")
         )
     return " | ".join(parts)

@@ -5,7 +5,7 @@ Inductor it is close but not exact (inlining.py models the pointwise ops Inducto
 kernels it fuses or the buffers it writes in place), and it can be off in either direction by ~15%.
 The budget is about measured memory, so under Inductor the backend measures the compiled region:
 
-    compile (the model held to AIM x the budget / the graph's calibrated measured-to-modelled ratio)
+    compile (the model held to the device's aim x the budget (partition.AIMS) / the graph's calibrated measured-to-modelled ratio)
     run one training step of the region on stand-ins of its inputs, measure its peak (measure.py)
     if the measured peak is above the budget, or below BAND x the budget:
         plan once more, aimed with this plan's own ratio, and compile (keep the first if the second exceeds)
@@ -164,7 +164,7 @@ def compile_within_budget(
     log.info("dtr: measured %d bytes against a %d-byte budget; planning once more", measured, budget)
     partitioner.reports.remove(report)
     partitioner.first = False
-    partitioner.model_scale = model_scale_for(measured / report.planned_peak.peak_bytes)
+    partitioner.model_scale = model_scale_for(measured / report.planned_peak.peak_bytes, partitioner.device_type)
     fits = (compiled, report) if measured <= budget else None
     try:
         second = run.compile()

@@ -192,3 +192,4 @@ def test_plan_summary_says_what_each_region_recomputes():
     new = [part for part in summary.split(" | ") if part not in earlier.split(" | ")]
     assert len(new) == 1 and new[0].startswith("region"), summary
     assert "ms modelled" in new[0] and "planned" in new[0] and "recomputes " in new[0], new[0]
+    assert "model held to 1.000 of it" in new[0], new[0]  # the FX model is exact: held to the budget itself

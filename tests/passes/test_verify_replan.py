@@ -11,7 +11,7 @@ import pytest
 
 from dtr_compile.errors import BudgetError, MeasurementError
 from dtr_compile.passes import verify
-from dtr_compile.passes.partition import AIM, CompileTimes
+from dtr_compile.passes.partition import AIM, AIMS, CompileTimes
 
 FLOOR = 1000  # the planner's lowest modelled peak
 
@@ -30,6 +30,7 @@ class StandInPlanner:
         self.measured_at = measured_at
         self.times = CompileTimes()
         self.cache_key = self.calibration_key = None
+        self.device_type = "cpu"
 
     def key_for(self, budget: int) -> None:
         return None  # no plan cache here (tests/passes/test_plan_cache.py covers it)
@@ -51,8 +52,9 @@ class StandInPlanner:
         return SimpleNamespace(target=target)
 
 
-def _run(monkeypatch, budget: int, measured_at):
-    planner = StandInPlanner(budget, measured_at)
+def _run(monkeypatch, budget: int, measured_at, device_type: str = "cpu"):
+    planner = StandInPlanner(budget, measured_at, AIMS[device_type])
+    planner.device_type = device_type
     monkeypatch.setattr(verify, "measure_region", lambda compiled, inputs, **_: planner.measured_at(compiled.target))
     compiled = verify.compile_within_budget(planner.compile_once, [], planner)
     return planner, compiled
@@ -73,6 +75,15 @@ def test_a_plan_over_the_budget_is_planned_once_more_with_its_measured_ratio(mon
     assert planner.targets == [first, second] and compiled.target == second
     assert 0.90 * 2000 <= planner.reports[-1].measured_peak_bytes <= 2000
     assert planner.times.compiles == 2 and planner.reports[-1].replans == 1
+
+
+def test_on_cuda_the_second_plan_aims_closer_to_the_budget(monkeypatch) -> None:
+    # CUDA plans land within 0.6% of their aim (partition.AIMS), so they aim at 0.985 of the budget, re-aimed too.
+    planner, compiled = _run(monkeypatch, 2000, lambda target: round(1.2 * target), device_type="cuda")
+    first = round(2000 * AIMS["cuda"])
+    second = round(2000 * AIMS["cuda"] * first / round(1.2 * first))
+    assert AIMS["cuda"] > AIM and planner.targets == [first, second] and compiled.target == second
+    assert 0.98 * 2000 <= planner.reports[-1].measured_peak_bytes <= 2000
 
 
 def test_when_neither_compile_fits_the_error_names_the_lower_measured_peak(monkeypatch) -> None:
