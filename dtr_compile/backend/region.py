@@ -201,7 +201,12 @@ class Region:
         """The tail to plan with: the one a step measured after this region's forward (runtime/tails.py), decided
         once, when the first is measured. None (the assumed tail, and no new plan: a compile) when the two differ
         by less than TAIL_TOLERANCE of the step's budget, or when the step that measured it already held its
-        budget within the band the plans aim for (its peak in [TAIL_BAND, 1] x the budget)."""
+        budget within the band the plans aim for (its peak in [TAIL_BAND, 1] x the budget) with a tail no larger
+        than the assumed one and nothing evicted in it. A tail larger than assumed gets its plan, whatever that step's
+        peak: the plan left it too little room, and every later step would hold the budget by evicting the region's
+        saved values while the loss runs and bringing them back (GPT-2 under bf16 autocast, whose loss upcasts the
+        logits to fp32: the assumed tail was half the measured one, each step evicted 13 MiB of saved activations in
+        the loss, and the eighth could bring one back only by rerunning the whole forward, a BudgetError)."""
         if self._tail_decided:
             return self._tail
         if not self.reports or not runtime.tails.decided(self.name):
@@ -215,7 +220,13 @@ class Region:
             abs(measured.peak_bytes - assumed.peak_bytes), abs(measured.at_backward_bytes - assumed.at_backward_bytes)
         )
         peak = runtime.stats().peak_bytes
-        on_target = runtime.budget_bytes == step_budget and TAIL_BAND * step_budget <= peak <= step_budget
+        grew = max(measured.peak_bytes - assumed.peak_bytes, measured.at_backward_bytes - assumed.at_backward_bytes)
+        on_target = (
+            runtime.budget_bytes == step_budget
+            and TAIL_BAND * step_budget <= peak <= step_budget
+            and measured.evictions == 0
+            and grew <= TAIL_TOLERANCE * step_budget
+        )
         if off > TAIL_TOLERANCE * step_budget and not on_target:
             self._tail = Tail(measured.peak_bytes, measured.at_backward_bytes)
         return self._tail
@@ -358,7 +369,9 @@ class Region:
         codegen: str,
         measure_on: Sequence[Any] | None = None,
     ) -> Callable[..., Any]:
-        partitioner = DTRPartitioner(budget, cost_mode=self.cost_mode, codegen=codegen, tail=tail)
+        partitioner = DTRPartitioner(
+            budget, cost_mode=self.cost_mode, codegen=codegen, tail=tail, runs_once=codegen != self.codegen
+        )
 
         def wrap(graph: fx.GraphModule, phase: str) -> Callable[[Any], CompiledPart]:
             report = partitioner.reports[-1] if partitioner.reports and phase != "inference" else None

@@ -199,6 +199,7 @@ def plan_joint(
     model_scale: float = 1.0,
     memory_model: str | None = None,
     start_above: float | None = None,
+    fill: bool = True,
 ) -> PlanReport:
     """Plan `joint` under `budget`; raises BudgetError (naming the smallest feasible budget) if it cannot.
 
@@ -210,11 +211,12 @@ def plan_joint(
     `model_scale`: hold the modelled peak to `model_scale` x the budget (below 1 when a measurement of
     the compiled code showed that it uses more memory than modelled, see verify.py).
     `start_above`: recompute nothing beyond the starting partition when the budget is at least this fraction of
-    its modelled peak (verify.py then measures whether that partition, torch.compile's own, meets the budget)."""
+    its modelled peak (verify.py then measures whether that partition, torch.compile's own, meets the budget).
+    `fill`: see planner.plan_schedule (False for a plan that runs once)."""
     plan_cache.COUNTS["plans"] += 1
     with paused_gc():
         return _plan_joint(
-            joint, budget, num_fwd_outputs, cost_mode, keep, codegen, model_scale, memory_model, start_above
+            joint, budget, num_fwd_outputs, cost_mode, keep, codegen, model_scale, memory_model, start_above, fill
         )
 
 
@@ -268,6 +270,7 @@ def _plan_joint(
     model_scale: float,
     memory_model: str | None = None,
     start_above: float | None = None,
+    fill: bool = True,
 ) -> PlanReport:
     if memory_model not in (None, *MEMORY_MODELS):
         raise ValueError(f"memory_model={memory_model!r}; expected one of {', '.join(MEMORY_MODELS)} or None")
@@ -300,7 +303,7 @@ def _plan_joint(
 
     if target is None or target >= no_remat.peak_bytes or near_top:
         return report(baseline_gm, baseline, no_remat)
-    plan = plan_schedule(joint, target, num_fwd_outputs=num_fwd_outputs, keep=keep, inductor=inductor)
+    plan = plan_schedule(joint, target, num_fwd_outputs=num_fwd_outputs, keep=keep, inductor=inductor, fill=fill)
     if not plan.fits:
         # Below the search's reach, the paging planner may still meet the budget by recomputing more.
         floor = plan.smallest_peak_bytes
@@ -474,10 +477,12 @@ class DTRPartitioner(_PartitionerBase):
         model_scale: float = 1.0,
         memory_model: str | None = None,
         tail: Tail | None = None,
+        runs_once: bool = False,
     ) -> None:
         """`model_scale`: hold the modelled peak to this fraction of the budget (see plan_joint);
         `memory_model`: see plan_joint (None: the one the code generator implies); `tail`: what the code between
-        the forward and the backward holds, as a step measured it (storage.Tail; None: the assumed one).
+        the forward and the backward holds, as a step measured it (storage.Tail; None: the assumed one);
+        `runs_once`: the plan runs for one step only (the first step's FX code): planned without the fill.
 
         `start_from_min_cut` (default): start from torch.compile's own partition (PyTorch's min-cut
         partitioner: cheap pointwise ops are recomputed in the backward from fewer saved values). With no
@@ -492,6 +497,7 @@ class DTRPartitioner(_PartitionerBase):
         self.model_scale = model_scale
         self.memory_model = memory_model
         self.tail = tail
+        self.runs_once = runs_once
         self.reports: list[PlanReport] = []
         self.times = CompileTimes()  # the region's first call (verify.py adds the compiles and measurements)
         # The region's first plan: read from the plan cache if kept there, else held to the calibrated fraction of
@@ -592,6 +598,7 @@ class DTRPartitioner(_PartitionerBase):
             model_scale=self.model_scale,
             memory_model=self.memory_model,
             start_above=MIN_CUT_ABOVE if self.first and codegen == "inductor" and keep is not None else None,
+            fill=not self.runs_once,
         )
         report.cache_key, report.times = key, self.times
         return report
@@ -603,7 +610,8 @@ class DTRPartitioner(_PartitionerBase):
         codegen = self.codegen if self.codegen is not None else config.codegen
         return plan_cache.plan_key(
             self.structure,
-            (repr(budget), self.cost_mode, self.start_from_min_cut, codegen, _source_hash(), repr(self.tail)),
+            (repr(budget), self.cost_mode, self.start_from_min_cut, codegen, _source_hash(), repr(self.tail))
+            + (("runs once",) if self.runs_once else ()),
         )
 
     def __deepcopy__(self, memo: dict) -> DTRPartitioner:
@@ -619,6 +627,7 @@ class DTRPartitioner(_PartitionerBase):
             "model_scale": self.model_scale,
             "memory_model": self.memory_model,
             "tail": self.tail,
+            "runs_once": self.runs_once,
             "reports": [],
         }
         return (DTRPartitioner, (self.budget,), state)
@@ -634,4 +643,5 @@ class DTRPartitioner(_PartitionerBase):
             self.model_scale,
             self.memory_model,
             repr(self.tail),
+            self.runs_once,
         )

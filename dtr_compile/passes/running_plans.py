@@ -38,7 +38,7 @@ def running() -> dict[str, PlanReport]:
 def summary(top: int = 6) -> str:
     """Per region: the chain's block options, the modelled recompute time over the step's compute, the planned and
     measured peaks against the budget (and what the model was held to: the device's aim over the graph's measured /
-    modelled ratio), and the ops recomputed most (by op name, counting each recomputation)."""
+    modelled ratio), the ops recomputed most (by op name, counting each recomputation), and where the region's first call went."""
     parts = []
     for name, report in running().items():
         plan = report.plan
@@ -59,6 +59,7 @@ def summary(top: int = 6) -> str:
                f"{f', planned {report.replans + 1} times' if report.replans else ''})"
                if report.budget_bytes is not None else "")
             + (f"; recomputes {', '.join(f'{op} x{n}' for op, n in recomputed.most_common(top))}" if recomputed else "")
+            + f"; {report.times}"
         )
     return " | ".join(parts)
 

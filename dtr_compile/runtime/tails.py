@@ -34,6 +34,8 @@ from ..engine.window import MemoryWindow
 class MeasuredTail:
     peak_bytes: int
     at_backward_bytes: int
+    # Storages the runtime evicted inside the window to hold the budget: a tail larger than the plan left room for.
+    evictions: int = 0
 
 
 class TailMeter:
@@ -44,11 +46,11 @@ class TailMeter:
         self.engine = engine
         self.learned: dict[str, MeasuredTail] = {}
         self.spanned: set[str] = set()  # regions that shared their step with another: not learned
-        self._open: dict[str, MemoryWindow] = {}
+        self._open: dict[str, tuple[MemoryWindow, int]] = {}  # region -> its window, the engine's evictions then
         self._seen: set[str] = set()  # regions whose forward ran in this step
 
     def begin_step(self) -> None:
-        for window in self._open.values():
+        for window, _ in self._open.values():
             self.engine.close_window(window)
         self._open.clear()
         self._seen.clear()
@@ -59,18 +61,20 @@ class TailMeter:
             return
         previous = self._open.pop(region, None)  # the region ran twice before a backward: measure the last run
         if previous is not None:
-            self.engine.close_window(previous)
-        self._open[region] = self.engine.open_window()
+            self.engine.close_window(previous[0])
+        self._open[region] = (self.engine.open_window(), self.engine.evictions)
 
     def backward_begins(self, region: str) -> None:
-        window = self._open.pop(region, None)
-        if window is None:
+        opened = self._open.pop(region, None)
+        if opened is None:
             return
+        window, evictions = opened
         self.engine.close_window(window)
         if self._seen != {region}:  # another region ran in this step (and in the window, if it ran after)
             self.spanned.add(region)
         else:
-            self.learned[region] = MeasuredTail(window.peak, window.memory - window.dropped)
+            evicted = self.engine.evictions - evictions
+            self.learned[region] = MeasuredTail(window.peak, window.memory - window.dropped, evicted)
 
     def decided(self, region: str) -> bool:
         """Has a step shown this region's tail (measured, or shared with another region: the assumed one stays)?"""
