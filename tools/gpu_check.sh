@@ -16,6 +16,8 @@
 # as a pair: nine runs need about 490 s, and the 15 minutes of a session hold this call once, with about 4 minutes to
 # spare for a second, shorter one (FRONTIER_S, --methods cut to what is missing).
 #
+# The second H100 session (04:35 UTC) saw a pair take 114 s (our first call 51.7 s of it) and the next one killed by
+# the old 120 s limit per run: each run now gets 200 s.
 # Lessons of the first GPU session: run the frontier with --jobs 1 (four runs at once shared the GPU and made every
 # time ratio meaningless); torch.compile's first call took 20-56 s per process there; an infeasible budget is rerun
 # at the floor its BudgetError names, so give the frontier room for one more run per model.
@@ -36,7 +38,7 @@ echo "tests done at $(( $(date +%s) - start )) s"
 if [ "${FRONTIER_S:-490}" -gt 0 ]; then
   DTR_COMPILE_CACHE_DIR=$(mktemp -d) timeout "${FRONTIER_S:-490}" python3 -m dtr_compile.bench --frontier \
     --size full --models gpt2 --dtypes ${DTYPES:-fp32} --methods ${METHODS:-compile hf_ckpt_compile sac_compile amb_inductor dtr_inductor} \
-    --knob 0.5 --dtr-budgets ${BUDGETS-} --steps 10 --jobs 1 --timeout 120 --out "$OUT/frontier" \
+    --knob 0.5 --dtr-budgets ${BUDGETS-} --steps 10 --jobs 1 --timeout 200 --out "$OUT/frontier" \
     2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tee "$OUT/frontier.log" | grep -v "^|"
 fi
 [ -f "$OUT/frontier/frontier.csv" ] && python3 -m dtr_compile.bench --frontier --report-only --out "$OUT/frontier" \
