@@ -39,6 +39,7 @@ room for each call at the actual sizes (Footprint.scale).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import weakref
@@ -109,6 +110,9 @@ class Region:
         }
         self.codegen = config.codegen
         self.cost_mode = config.cost_mode
+        # Dynamo traced the graph under the autocast state of this moment (and guards on it): a plan made after a
+        # step's backward, outside the user's `torch.autocast`, must be traced under it too (`_autocast_as_traced`).
+        self._autocast = _autocast_state()
         self.reports: list[PlanReport] = []  # one per compile, for explain and tests
         self._key: Hashable = None
         self._compiled: Callable[..., Any] | None = None
@@ -240,7 +244,7 @@ class Region:
         if tail is None and not self._provisional:
             return None
         try:
-            with _disable_current_modes():
+            with _disable_current_modes(), _autocast_as_traced(self._autocast):
                 self._compile(("step", step_budget, tail), budget, self.example_inputs, self._stand_ins())
         except BaseException:
             self._replan_failed = self._provisional
@@ -382,6 +386,25 @@ class Region:
         return compile_region(self.gm, example_inputs, partitioner, codegen=codegen, wrap=wrap, measure_on=measure_on)
 
 
+def _autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
+    """The device types autocast is on for now, with their dtypes."""
+    return tuple(
+        (device, torch.get_autocast_dtype(device)) for device in ("cpu", "cuda") if torch.is_autocast_enabled(device)
+    )
+
+
+@contextlib.contextmanager
+def _autocast_as_traced(state: tuple[tuple[str, torch.dtype], ...]) -> Any:
+    """Autocast as it was when Dynamo traced the region, and off elsewhere. A plan made at a step's end (after the
+    backward, where users leave autocast) was traced without it: the graph of a bf16 model then ran its matmuls in
+    fp32 (Inductor), or mixed bf16 activations with fp32 weights (FX code: a RuntimeError in the next step)."""
+    with contextlib.ExitStack() as stack:
+        for device in ("cpu", "cuda"):
+            dtype = dict(state).get(device)
+            stack.enter_context(torch.autocast(device, dtype=dtype, enabled=dtype is not None))
+        yield
+
+
 def _static_tensor(value: Any) -> bool:
     """A tensor whose sizes and strides are plain ints (no symbol Dynamo traced): one a stand-in can be made for."""
     return isinstance(value, torch.Tensor) and all(isinstance(n, int) for n in (*value.shape, *value.stride()))
@@ -428,6 +451,7 @@ def part_maker(
             on_call=STEPS.on_backward_part if phase == "backward" else None,
             op_by_op=None if fallback is None else inner if inner is graph else fallback,
             tail_of=(region, phase) if phase in ("forward", "backward") else None,
+            tangents=[i for i, n in enumerate(placeholders) if phase == "backward" and n.name.startswith("tangents")],
         )
 
     return finish

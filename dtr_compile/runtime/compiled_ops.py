@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ..compat import uses_storage_swap
 from ..engine import Storage
 from ..errors import BudgetError
+from ..tensor_bytes import tensor_nbytes
 from .backward_pass import in_backward_pass
 from .interface import RuntimeInterface
 from .operations import Inputs, record_outputs
@@ -83,6 +84,7 @@ class CompiledPart:
         on_call: Callable[[RuntimeInterface], None] | None = None,
         op_by_op: Callable[[list[Any]], Any] | None = None,
         tail_of: tuple[str, str] | None = None,
+        tangents: Sequence[int] = (),
     ) -> None:
         """`estimated_s`: the plan's modelled time of the part (its cost to the engine unless costs are
         measured); `random`: it draws random numbers (its RNG state is replayed by a recompute);
@@ -91,7 +93,8 @@ class CompiledPart:
         runs inside a step (the backward part ends an implicit step through it); `op_by_op`: the part's FX
         code (boxed), to run with every aten op an operation of the runtime when the part does not fit the
         budget as one operation (see `run_part`); `tail_of`: (region, "forward" or "backward"): the part's
-        return (a forward) or call (a backward) bounds its region's tail, which the runtime measures (tails.py)."""
+        return (a forward) or call (a backward) bounds its region's tail, which the runtime measures (tails.py);
+        `tangents`: positions of a backward's incoming gradients among its inputs (part of that tail)."""
         if not getattr(inner, "_boxed_call", False):
             from torch._functorch.aot_autograd import make_boxed_func
 
@@ -109,6 +112,7 @@ class CompiledPart:
         self.on_call = on_call
         self.op_by_op = op_by_op
         self.tail_of = tail_of
+        self.tangents = tuple(tangents)
         self._measured_s = float("inf")
 
     def __call__(self, *call_args: Any) -> Any:
@@ -122,7 +126,7 @@ class CompiledPart:
             runtime.backward_began()
         tail_of = self.tail_of
         if tail_of is not None and tail_of[1] == "backward":
-            runtime.tails.backward_begins(tail_of[0])
+            runtime.tails.backward_begins(tail_of[0], self._unseen_tangent_bytes(runtime, args))
         if self.on_call is not None:
             self.on_call(runtime)
         try:
@@ -133,6 +137,17 @@ class CompiledPart:
         if tail_of is not None and tail_of[1] == "forward":
             runtime.tails.forward_returned(tail_of[0])
         return results
+
+    def _unseen_tangent_bytes(self, runtime: RuntimeInterface, args: list[Any]) -> int:
+        """Bytes of the incoming gradients the runtime never saw allocated: the autograd engine casts a gradient to
+        its input's dtype in C++, out of the dispatch mode's sight (bf16 autocast, whose loss upcasts the logits:
+        their gradient comes back in fp32 and is cast to bf16 there). They are held when the backward begins."""
+        unseen = 0
+        for i in self.tangents:
+            value = args[i] if i < len(args) else None
+            if isinstance(value, torch.Tensor) and runtime.index.lookup(value) is None:
+                unseen += tensor_nbytes(value)
+        return unseen
 
     def _run(self, runtime: RuntimeInterface, args: list[Any]) -> Any:
         try:

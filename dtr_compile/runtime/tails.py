@@ -64,7 +64,9 @@ class TailMeter:
             self.engine.close_window(previous[0])
         self._open[region] = (self.engine.open_window(), self.engine.evictions)
 
-    def backward_begins(self, region: str) -> None:
+    def backward_begins(self, region: str, unseen_bytes: int = 0) -> None:
+        """`unseen_bytes`: incoming gradients of the region's backward allocated where the runtime could not see them
+        (compiled_ops.CompiledPart._unseen_tangent_bytes): held at the backward's start all the same."""
         opened = self._open.pop(region, None)
         if opened is None:
             return
@@ -74,7 +76,8 @@ class TailMeter:
             self.spanned.add(region)
         else:
             evicted = self.engine.evictions - evictions
-            self.learned[region] = MeasuredTail(window.peak, window.memory - window.dropped, evicted)
+            held = window.memory + unseen_bytes
+            self.learned[region] = MeasuredTail(max(window.peak, held), held - window.dropped, evicted)
 
     def decided(self, region: str) -> bool:
         """Has a step shown this region's tail (measured, or shared with another region: the assumed one stays)?"""

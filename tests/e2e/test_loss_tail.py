@@ -283,3 +283,57 @@ def test_a_tail_larger_than_assumed_is_planned_with_even_when_the_step_landed_on
 
 
 TAIL_BAND_LOW = 0.90
+
+
+def test_under_bf16_autocast_the_tail_holds_the_gradient_the_autograd_engine_casts() -> None:
+    """Under bf16 autocast the loss upcasts the bf16 logits to fp32, and their gradient comes back in fp32: the autograd
+    engine casts it to bf16 in C++, where the runtime's dispatch mode does not see it allocated. It is the backward's
+    incoming gradient all the same, held when the backward begins: the learned tail counts it (it was measured at
+    minus the logits, as if the loop held nothing at the backward's start, and the plan left the backward 4 MiB
+    too little room on the CPU stand-in's GPT-2)."""
+    from dtr_compile.backend.region import Region
+    from dtr_compile.runtime.implicit import STEPS
+
+    model = _deep_model()
+    x, y = _batch()
+    torch._dynamo.reset()
+    with dtr_compile.config.patch(memory_budget=40_000_000, codegen="fx"):
+        compiled = torch.compile(model, backend="dtr")
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(compiled(x), y)
+            loss.backward()
+        learned_tails = STEPS.here.runtime.tails.learned
+    regions = [r for r in gc.get_objects() if type(r) is Region and r.name in learned_tails]
+    region = max(regions, key=lambda r: int(r.name.removeprefix("region")))
+    learned = learned_tails[region.name]
+    logits = BATCH * VOCAB * 2  # bf16
+    # The loop let the logits go and holds their gradient instead: nothing above the forward's end.
+    assert learned.at_backward_bytes == 0, (learned, logits)
+    assert learned.peak_bytes >= 2 * logits  # the fp32 copy of the logits, at least
+
+
+def test_a_plan_made_at_a_steps_end_is_traced_under_the_autocast_of_the_forward() -> None:
+    """The plan for the measured tail is made when the first step's backward has returned, outside the user's
+    `torch.autocast` (PyTorch's advice: backward passes outside it), yet Dynamo traced the region under it. Traced
+    without it, the FX code mixed bf16 activations with fp32 weights (RuntimeError in the second step) and Inductor's
+    ran the matmuls in fp32. The gradients match plain eager's under the same autocast (bf16 tolerance)."""
+    model = _deep_model()
+    x, y = _batch()
+
+    def step(forward) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(forward(x), y)
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    expected = step(model)
+    torch._dynamo.reset()
+    with dtr_compile.config.patch(memory_budget=40_000_000, codegen="fx"):
+        compiled = torch.compile(model, backend="dtr")
+        for _ in range(3):
+            grads = step(compiled)
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-3)
