@@ -220,11 +220,9 @@ class Region:
         if measured is None:  # it shared its step with another region (tails.py): the assumed one stays
             return None
         assumed = self.reports[-1].tail  # the assumed one, or the least where the assumed one left no plan
-        off = max(
-            abs(measured.peak_bytes - assumed.peak_bytes), abs(measured.at_backward_bytes - assumed.at_backward_bytes)
-        )
+        deltas = (measured.peak_bytes - assumed.peak_bytes, measured.at_backward_bytes - assumed.at_backward_bytes)
+        off, grew = max(abs(d) for d in deltas), max(deltas)
         peak = runtime.stats().peak_bytes
-        grew = max(measured.peak_bytes - assumed.peak_bytes, measured.at_backward_bytes - assumed.at_backward_bytes)
         on_target = (
             runtime.budget_bytes == step_budget
             and TAIL_BAND * step_budget <= peak <= step_budget
@@ -398,9 +396,10 @@ def _autocast_as_traced(state: tuple[tuple[str, torch.dtype], ...]) -> Any:
     """Autocast as it was when Dynamo traced the region, and off elsewhere. A plan made at a step's end (after the
     backward, where users leave autocast) was traced without it: the graph of a bf16 model then ran its matmuls in
     fp32 (Inductor), or mixed bf16 activations with fp32 weights (FX code: a RuntimeError in the next step)."""
+    dtypes = dict(state)
     with contextlib.ExitStack() as stack:
         for device in ("cpu", "cuda"):
-            dtype = dict(state).get(device)
+            dtype = dtypes.get(device)
             stack.enter_context(torch.autocast(device, dtype=dtype, enabled=dtype is not None))
         yield
 

@@ -6,7 +6,7 @@ is kept in the plan cache apart from the plans that run every step."""
 from __future__ import annotations
 
 import torch
-from torch import nn
+from tiny_models import Residual
 
 from dtr_compile import config
 from dtr_compile.backend.aot import compile_region
@@ -14,27 +14,13 @@ from dtr_compile.passes import planner
 from dtr_compile.passes.partition import DTRPartitioner
 
 
-class _Residual(nn.Module):
-    """Two residual MLP blocks: torch.compile's min-cut partition recomputes their tanh and sigmoid, which the fill
-    saves again under a budget that has room for them (tests/passes/test_ilp_oracle.py)."""
-
-    def __init__(self, width: int = 32) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.a, self.b = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
-        self.c, self.d = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.b(torch.tanh(self.a(x)))
-        x = x + self.d(torch.sigmoid(self.c(x)))
-        return x.square()
-
-
 def _report(budget: int | None, runs_once: bool) -> DTRPartitioner:
     torch._dynamo.reset()
     partitioner = DTRPartitioner(budget, codegen="fx", runs_once=runs_once)
     with config.patch(plan_cache=False):
-        compiled = torch.compile(_Residual(), backend=lambda gm, inputs: compile_region(gm, inputs, partitioner, codegen="fx"))
+        compiled = torch.compile(
+            Residual(), backend=lambda gm, inputs: compile_region(gm, inputs, partitioner, codegen="fx")
+        )
         compiled(torch.randn(512, 32)).sum().backward()
     return partitioner
 

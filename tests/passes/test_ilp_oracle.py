@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import Residual
 from torch import nn
 
 from dtr_compile.backend import make_backend
@@ -30,22 +31,7 @@ def _gelu_chain() -> nn.Module:
     return nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.GELU()) for _ in range(3)], nn.Linear(32, 1))
 
 
-class _Residual(nn.Module):
-    """Two residual blocks, each an MLP with a pointwise nonlinearity."""
-
-    def __init__(self, width: int = 32) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.a, self.b = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
-        self.c, self.d = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.b(torch.tanh(self.a(x)))
-        x = x + self.d(torch.sigmoid(self.c(x)))
-        return x.square()
-
-
-MODELS = {"chain": _chain, "gelu_chain": _gelu_chain, "residual": _Residual}
+MODELS = {"chain": _chain, "gelu_chain": _gelu_chain, "residual": Residual}
 FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6)
 
 
