@@ -5,7 +5,8 @@
   that lacks the meter's own probe allocation recorded nothing: a `MeasurementError`, never a peak of 0.
 - CUDA: `torch.cuda.max_memory_allocated()` minus the bytes allocated when the step began.
 
-Both report bytes allocated *above what was live when the step began*.
+Both report bytes allocated *above what was live when the step began*. A step may `mark()` points inside itself
+(verify.py marks where a region's backward begins): each `Mark` says the bytes live there and the peak from there on.
 
 Every command and example (the demo, the bench, examples/, explain) picks its device here too:
 `add_device_argument` gives a parser `--device cuda|cpu` defaulting to CUDA when one is present, and
@@ -35,19 +36,58 @@ class PeakMeasurement:
     allocated_bytes: int  # sum of all allocations (traffic, not a peak)
     net_bytes: int  # bytes still allocated at the end of the step (e.g. gradients)
     events: int
+    marks: tuple[Mark, ...] = ()  # one per `mark()` the step called, in order
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A point inside a measured step (`mark()`), both figures above the step's start."""
+
+    live_bytes: int  # bytes allocated at the mark
+    peak_after_bytes: int  # the highest running total from the mark to the step's end
+
+
+class _Marks:
+    """The marks of the measurement running now: CPU keeps the address of each mark's probe allocation (found again
+    among the profiler's events), CUDA reads the allocator at once."""
+
+    def __init__(self, device: torch.device, start: int = 0) -> None:
+        self.device = device
+        self.start = start
+        self.addresses: list[int] = []
+        self.cuda: list[tuple[int, int]] = []  # (allocated, peak so far), both above `start`
+
+
+_marks: _Marks | None = None
+
+
+def mark() -> None:
+    """Note this point of the step `measure_peak` is measuring (nothing when none is)."""
+    marks = _marks
+    if marks is None:
+        return
+    if marks.device.type == "cuda":
+        allocated = torch.cuda.memory_allocated(marks.device) - marks.start
+        marks.cuda.append((allocated, torch.cuda.max_memory_allocated(marks.device) - marks.start))
+        torch.cuda.reset_peak_memory_stats(marks.device)  # the peak from here on, read at the next mark or the end
+        return
+    marks.addresses.append(_allocate_and_free_probe(MARK_BYTES))
 
 
 def measure_peak(step: Callable[[], T], device: str | torch.device = "cpu") -> tuple[T, PeakMeasurement]:
     """Run `step()` once and measure its peak memory on `device`: the allocator's statistics on CUDA,
-    the profiler's allocation events on CPU."""
+    the profiler's allocation events on CPU. Measurements do not nest (`mark()` notes the innermost)."""
+    global _marks
     device = torch.device(device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError(f"measure_peak on {device}: {NO_CUDA}")
-        return _measure_cuda(step, device)
-    if device.type != "cpu":
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"measure_peak on {device}: {NO_CUDA}")
+    if device.type not in ("cpu", "cuda"):
         raise DeviceError(f"measure_peak supports 'cpu' and 'cuda' devices, not {device}")
-    return _measure_cpu(step)
+    outer, _marks = _marks, _Marks(device)
+    try:
+        return _measure_cuda(step, device, _marks) if device.type == "cuda" else _measure_cpu(step, _marks)
+    finally:
+        _marks = outer
 
 
 # ------------------------------------------------------------------------------------------ devices
@@ -139,30 +179,68 @@ def move_to(value: Any, device: str | torch.device) -> Any:
 # The meter's own probe, allocated and freed inside the profiled region just before the step: its two events
 # prove that the profiler recorded this thread's allocations, so an empty profile is refused (MeasurementError)
 # instead of read as a step that allocated nothing. It is freed before the step, so it adds nothing to the peak.
+# A mark is such a probe of its own size, allocated and freed inside the step; its two events cancel.
 PROBE_BYTES = 64
+MARK_BYTES = 48
 
 
-def _measure_cpu(step: Callable[[], T]) -> tuple[T, PeakMeasurement]:
+def _measure_cpu(step: Callable[[], T], marks: _Marks) -> tuple[T, PeakMeasurement]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        probe_address = _allocate_and_free_probe()
+        probe_address = _allocate_and_free_probe(PROBE_BYTES)
         result = step()
-    sizes = [size for _, size in _after_probe(_allocation_events_in_time_order(prof), probe_address)]
+    events, at_marks = _without_marks(_after_probe(_allocation_events_in_time_order(prof), probe_address), marks)
     running = peak = allocated = 0
-    for size in sizes:
+    live_at: dict[int, int] = {}  # event index -> running total before it
+    for i, (_, size) in enumerate(events):
+        live_at[i] = running
         running += size
         if size > 0:
             allocated += size
         peak = max(peak, running)
-    return result, PeakMeasurement(peak_bytes=peak, allocated_bytes=allocated, net_bytes=running, events=len(sizes))
+    live_at[len(events)] = running
+    found = tuple(Mark(live_at[i], _peak_from(events, i, live_at[i])) for i in at_marks)
+    return result, PeakMeasurement(
+        peak_bytes=peak, allocated_bytes=allocated, net_bytes=running, events=len(events), marks=found
+    )
 
 
-def _allocate_and_free_probe() -> int:
-    """Allocate PROBE_BYTES and free them at once; the address the profiler's two events will carry."""
-    probe = torch.empty(PROBE_BYTES, dtype=torch.uint8)
+def _without_marks(events: list[tuple[int, int]], marks: _Marks) -> tuple[list[tuple[int, int]], list[int]]:
+    """The step's events less the marks' own, and where each mark sat among those left (an event index)."""
+    pending = list(marks.addresses)
+    kept: list[tuple[int, int]] = []
+    at_marks: list[int] = []
+    i = 0
+    while i < len(events):
+        address, size = events[i]
+        # A mark's allocation is followed at once by its free (a real 48-byte buffer at that address seldom is).
+        if pending and (address, size) == (pending[0], MARK_BYTES) and events[i + 1 : i + 2] == [(address, -size)]:
+            pending.pop(0)
+            at_marks.append(len(kept))
+            i += 2
+            continue
+        kept.append(events[i])
+        i += 1
+    if pending:
+        raise MeasurementError(f"measure_peak on cpu: {len(pending)} of the step's marks are missing from the profile")
+    return kept, at_marks
+
+
+def _peak_from(events: list[tuple[int, int]], first: int, running: int) -> int:
+    """The highest running total from event `first` on, starting at `running`."""
+    peak = running
+    for _, size in events[first:]:
+        running += size
+        peak = max(peak, running)
+    return peak
+
+
+def _allocate_and_free_probe(nbytes: int) -> int:
+    """Allocate `nbytes` and free them at once; the address the profiler's two events will carry."""
+    probe = torch.empty(nbytes, dtype=torch.uint8)
     address = probe.data_ptr()
-    del probe  # the only reference: the storage is freed here, before the step
+    del probe  # the only reference: the storage is freed here
     return address
 
 
@@ -198,12 +276,16 @@ def _after_probe(events: list[tuple[int, int]], probe_address: int) -> list[tupl
     return events[freed + 1 :]
 
 
-def _measure_cuda(step: Callable[[], T], device: torch.device) -> tuple[T, PeakMeasurement]:
+def _measure_cuda(step: Callable[[], T], device: torch.device, marks: _Marks) -> tuple[T, PeakMeasurement]:
     torch.cuda.synchronize(device)
-    start = torch.cuda.memory_allocated(device)
+    start = marks.start = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     result = step()
     torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - start
+    last = torch.cuda.max_memory_allocated(device) - start  # the peak since the last mark (or the start)
     end = torch.cuda.memory_allocated(device) - start
-    return result, PeakMeasurement(peak_bytes=peak, allocated_bytes=-1, net_bytes=end, events=-1)
+    # Each mark reset the allocator's peak: the peak after mark i is the highest of the spans that follow it.
+    spans = [peak_before for _, peak_before in marks.cuda[1:]] + [last]
+    found = tuple(Mark(live, max(spans[i:])) for i, (live, _) in enumerate(marks.cuda))
+    peak = max([peak_before for _, peak_before in marks.cuda[:1]] + spans)
+    return result, PeakMeasurement(peak_bytes=peak, allocated_bytes=-1, net_bytes=end, events=-1, marks=found)

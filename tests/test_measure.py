@@ -184,10 +184,37 @@ def test_cpu_meter_counts_the_events_after_the_probe(monkeypatch):
     probe's address included."""
     probe = 1000
     events = [(7, 10), (probe, PROBE_BYTES), (probe, -PROBE_BYTES), (8, -500), (probe, 300), (9, 900), (probe, -300)]
-    monkeypatch.setattr(measure, "_allocate_and_free_probe", lambda: probe)
+    monkeypatch.setattr(measure, "_allocate_and_free_probe", lambda nbytes: probe)
     monkeypatch.setattr(measure, "_allocation_events_in_time_order", lambda prof: events)
     _, measured = measure_peak(lambda: None)
     assert (measured.peak_bytes, measured.allocated_bytes, measured.net_bytes, measured.events) == (700, 1200, 400, 4)
+
+
+def test_cpu_marks_say_the_bytes_live_there_and_the_peak_after():
+    """A mark inside the step reads the running total at that point, and the peak from there on (verify.py marks
+    where a region's backward begins)."""
+    from dtr_compile.measure import mark
+
+    def step():
+        a = torch.empty(BLOCK, dtype=torch.uint8)
+        b = torch.empty(2 * BLOCK, dtype=torch.uint8)
+        del b  # the step's peak, 3 blocks, is before the mark
+        mark()
+        c = torch.empty(BLOCK, dtype=torch.uint8)  # 2 blocks: the peak after the mark
+        del a, c
+        mark()
+
+    _, measured = measure_peak(step)
+    assert measured.peak_bytes == 3 * BLOCK
+    assert [(m.live_bytes, m.peak_after_bytes) for m in measured.marks] == [(BLOCK, 2 * BLOCK), (0, 0)]
+
+
+def test_a_mark_outside_a_measurement_notes_nothing():
+    from dtr_compile.measure import mark
+
+    mark()  # no measurement running: nothing to note, nothing raised
+    _, measured = measure_peak(lambda: None)
+    assert measured.marks == ()
 
 
 def test_synchronize_is_a_no_op_on_cpu(monkeypatch):

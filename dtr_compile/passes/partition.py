@@ -98,6 +98,9 @@ class PlanReport:
     num_fwd_outputs: int
     target_bytes: int | None = None  # what the model of the plan was held to (budget_bytes x model_scale)
     measured_peak_bytes: int | None = None  # peak of the compiled region measured at compile time (verify.py)
+    # The measured backward's peak above what is live when it begins, its incoming gradients counted as held there
+    # (verify.RegionPeak); what the runtime makes room for when it calls the backward (backend/region._footprint).
+    measured_backward_room_bytes: int | None = None
     replans: int = 0  # how many times verify.py planned and compiled the region again
     fusion: FusionReport | None = None  # recompute kernels: the graph actually split, and what was fused
     memory_model: str = "exact"  # what held the plan: "exact" (every value allocated) or "inductor" (inlining.py)
@@ -241,6 +244,7 @@ def replay_joint(
     return PlanReport(
         joint, planned, plan, entry["budget_bytes"], no_remat, peak, num_fwd_outputs,
         target_bytes=entry["target_bytes"], measured_peak_bytes=entry["measured_peak_bytes"],
+        measured_backward_room_bytes=entry.get("measured_backward_room_bytes"),
         memory_model=entry["memory_model"], model_scale=entry["model_scale"], from_cache=True,
     )  # fmt: skip
 
@@ -255,6 +259,7 @@ def cache_entry(report: PlanReport) -> dict[str, Any]:
         "target_bytes": report.target_bytes,
         "planned_peak_bytes": report.planned_peak.peak_bytes,
         "measured_peak_bytes": report.measured_peak_bytes,
+        "measured_backward_room_bytes": report.measured_backward_room_bytes,
         "memory_model": report.memory_model,
         "model_scale": report.model_scale,
     }

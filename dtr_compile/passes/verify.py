@@ -32,18 +32,32 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from ..errors import BudgetError, MeasurementError, format_bytes
-from ..measure import measure_peak
+from ..measure import mark, measure_peak
 from . import plan_cache
 from .partition import DTRPartitioner, PlanReport, cache_entry, model_scale_for
 from .planner import paused_gc
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RegionPeak:
+    """One measured forward + backward of a compiled region."""
+
+    peak_bytes: int  # above what was live before it
+    # The backward's peak above what is live when it begins, its incoming gradients counted as held there (in a step
+    # the loss made them; here a sum's backward hands in expanded scalars, which the region's code copies out whole).
+    # None when the backward's start was not seen. The runtime makes this much room when it calls the backward: the
+    # model's start is not the real one (bf16 GPT-2 at checkpointing's peak, CPU stand-in: 23.7 MiB live where 21.8
+    # were modelled, so the room read off the model was 1.9 MiB short and the backward ran op by op, then failed).
+    backward_room_bytes: int | None = None
 
 
 def measure_region(
@@ -52,9 +66,9 @@ def measure_region(
     *,
     outputs_dropped: bool = False,
     tail_peak_bytes: int = 0,
-) -> int | None:
-    """Peak bytes of one forward + backward of `compiled` above what was live before it; None when the
-    inputs cannot be stood in for (symbolic sizes, opaque objects). `ProfilerRunning` on CPU while a profiler runs.
+) -> RegionPeak | None:
+    """One forward + backward of `compiled`, measured (RegionPeak); None when the inputs cannot be stood in for
+    (symbolic sizes, opaque objects). `ProfilerRunning` on CPU while a profiler runs.
     `outputs_dropped`: the outputs are let go before the backward, as the training loop the plan was made for
     does (`PlanReport.loop_drops_outputs`); otherwise they are held through it. `tail_peak_bytes`: what the loss
     holds at its peak between the forward and the backward (storage.Tail.peak_bytes), allocated and freed there, as
@@ -93,8 +107,11 @@ def measure_region(
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
 
+    unheld: list[int] = []  # per backward start seen: bytes of incoming gradients not yet materialized there
+
     def step() -> None:
         outputs = [o for o in tree_flatten(compiled(*inputs))[0] if isinstance(o, torch.Tensor) and o.requires_grad]
+        _mark_backward_start(outputs, unheld)
         if tail_peak_bytes > 0:
             torch.empty(tail_peak_bytes, dtype=torch.uint8, device=device)  # the loss's peak, freed at once
         if outputs:
@@ -120,6 +137,7 @@ def measure_region(
             clear_grads()
             # Garbage freed during the step (collected by the cyclic collector) would count as freed by it.
             gc.collect()
+            unheld.clear()
             with paused_gc():
                 _, measurement = measure_peak(step, device)
     finally:
@@ -128,7 +146,38 @@ def measure_region(
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-    return measurement.peak_bytes
+    room = None
+    if len(measurement.marks) == 1 and len(unheld) == 1:
+        start = measurement.marks[0]
+        room = max(0, start.peak_after_bytes - start.live_bytes - unheld[0])
+    return RegionPeak(measurement.peak_bytes, room)
+
+
+def _mark_backward_start(outputs: list[torch.Tensor], unheld: list[int]) -> None:
+    """Mark (measure.mark) where the region's compiled backward begins: a pre-hook on its autograd node, which the
+    outputs reach directly or through a view. Notes in `unheld` the bytes its incoming gradients still lack there."""
+    nodes: dict[int, Any] = {}
+    for output in outputs:
+        node = output.grad_fn
+        while node is not None and "CompiledFunction" not in type(node).__name__:
+            parents = [n for n, _ in node.next_functions if n is not None]
+            node = parents[0] if len(parents) == 1 else None  # a view's one parent; anything else is not the region
+        if node is not None:
+            nodes[id(node)] = node
+
+    def at_start(grad_outputs: tuple[Any, ...]) -> None:
+        if unheld:
+            return
+        unheld.append(sum(_unmaterialized_bytes(g) for g in grad_outputs if isinstance(g, torch.Tensor)))
+        mark()
+
+    if len(nodes) == 1:
+        next(iter(nodes.values())).register_prehook(at_start)
+
+
+def _unmaterialized_bytes(gradient: torch.Tensor) -> int:
+    """Bytes a gradient would hold as a dense tensor less those its storage holds (an expanded scalar: nearly all)."""
+    return max(0, gradient.numel() * gradient.element_size() - gradient.untyped_storage().nbytes())
 
 
 def compile_within_budget(
@@ -235,7 +284,7 @@ class _Attempts:
     def measure(self, compiled: Callable[..., Any], report: PlanReport) -> int | None:
         start = time.perf_counter()
         try:
-            measured = measure_region(
+            region = measure_region(
                 compiled,
                 self.example_inputs,
                 outputs_dropped=report.loop_drops_outputs,
@@ -246,7 +295,9 @@ class _Attempts:
             return None  # held by the calibrated model
         self.times.measure_s += time.perf_counter() - start
         self.times.measures += 1
+        measured = None if region is None else region.peak_bytes
         report.measured_peak_bytes = measured
+        report.measured_backward_room_bytes = None if region is None else region.backward_room_bytes
         report.replans = self.times.compiles - 1
         if measured is not None and self.partitioner.calibration_key is not None:
             plan_cache.calibrate(self.partitioner.calibration_key, measured / report.planned_peak.peak_bytes)

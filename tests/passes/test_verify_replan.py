@@ -52,10 +52,16 @@ class StandInPlanner:
         return SimpleNamespace(target=target)
 
 
+def _peak(measured: int | None) -> verify.RegionPeak | None:
+    return None if measured is None else verify.RegionPeak(measured)
+
+
 def _run(monkeypatch, budget: int, measured_at, device_type: str = "cpu"):
     planner = StandInPlanner(budget, measured_at, AIMS[device_type])
     planner.device_type = device_type
-    monkeypatch.setattr(verify, "measure_region", lambda compiled, inputs, **_: planner.measured_at(compiled.target))
+    monkeypatch.setattr(
+        verify, "measure_region", lambda compiled, inputs, **_: _peak(planner.measured_at(compiled.target))
+    )
     compiled = verify.compile_within_budget(planner.compile_once, [], planner)
     return planner, compiled
 
@@ -127,7 +133,9 @@ def test_when_the_second_plan_is_already_the_lowest_it_is_not_compiled_again(mon
     # The first plan measures 1.9x its model, so the second is aimed at FLOOR itself: it is the lowest plan.
     measured = {1900: 3610, FLOOR: 2100}
     planner = StandInPlanner(2000, lambda target: measured[target])
-    monkeypatch.setattr(verify, "measure_region", lambda compiled, inputs, **_: planner.measured_at(compiled.target))
+    monkeypatch.setattr(
+        verify, "measure_region", lambda compiled, inputs, **_: _peak(planner.measured_at(compiled.target))
+    )
     with pytest.raises(BudgetError) as raised:
         verify.compile_within_budget(planner.compile_once, [], planner)
     assert planner.targets == [1900, FLOOR] and planner.times.compiles == 2
@@ -172,5 +180,5 @@ def test_the_measured_step_holds_the_loss_tail_the_model_reserves() -> None:
     tail = 4 << 20  # far above everything else the step allocates
     without = verify.measure_region(region, [weight, x])
     with_tail = verify.measure_region(region, [weight, x], tail_peak_bytes=tail)
-    assert without is not None and without < tail, without
-    assert with_tail is not None and with_tail >= tail + output_bytes, (with_tail, tail + output_bytes)
+    assert without is not None and without.peak_bytes < tail, without
+    assert with_tail is not None and with_tail.peak_bytes >= tail + output_bytes, (with_tail, tail + output_bytes)

@@ -21,4 +21,28 @@ def test_a_region_measured_with_its_outputs_let_go_is_charged_one_output_less() 
     held = measure_region(_region, [x])
     dropped = measure_region(_region, [x], outputs_dropped=True)
     assert held is not None and dropped is not None
-    assert held - dropped == N * 4, (held, dropped)
+    assert held.peak_bytes - dropped.peak_bytes == N * 4, (held, dropped)
+
+
+def test_the_backward_room_is_its_peak_above_its_start_with_the_incoming_gradient_held() -> None:
+    """The room the runtime makes for a region's backward is measured from where the backward begins, its incoming
+    gradient counted as already held there (in a step the loss made it; here a sum's backward hands in an expanded
+    scalar that the region's code copies out whole). For `x * 2` that leaves room for x's gradient alone."""
+    from functorch.compile import aot_function, nop
+
+    region = aot_function(_region_tuple, fw_compiler=nop, bw_compiler=nop)  # a CompiledFunction autograd node
+    x = torch.randn(N, requires_grad=True)
+    measured = measure_region(region, [x])
+    assert measured is not None and measured.backward_room_bytes is not None
+    assert N * 4 <= measured.backward_room_bytes < N * 4 + 4096, measured
+
+
+def test_a_region_with_no_compiled_backward_node_has_no_measured_room() -> None:
+    """A plain function has no compiled backward to mark: its room is left to the model (None), not guessed."""
+    x = torch.randn(N, requires_grad=True)
+    measured = measure_region(_region, [x])
+    assert measured is not None and measured.backward_room_bytes is None
+
+
+def _region_tuple(x: torch.Tensor) -> tuple[torch.Tensor]:
+    return (x * 2.0,)
