@@ -58,6 +58,8 @@ class _Marks:
         self.cuda: list[tuple[int, int]] = []  # (allocated, peak so far), both above `start`
 
 
+# Module-wide, not per thread: on CUDA the autograd engine runs a backward (and its hooks, where verify.py marks
+# the backward's start) on a device thread of its own.
 _marks: _Marks | None = None
 
 
