@@ -234,3 +234,46 @@ def test_move_to_moves_every_tensor_in_nested_batches():
 
 def test_device_name_names_the_cpu_and_its_cores():
     assert "cores)" in device_name("cpu")
+
+
+class _FakeCudaAllocator:
+    """torch.cuda's allocator statistics for a step that allocates by hand (`use`), on a machine with no GPU."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.allocated = self.peak = 1000  # held before the step: not the step's
+        for name, fake in {
+            "is_available": lambda: True,
+            "synchronize": lambda device=None: None,
+            "memory_allocated": lambda device=None: self.allocated,
+            "max_memory_allocated": lambda device=None: self.peak,
+            "reset_peak_memory_stats": self._reset,
+        }.items():
+            monkeypatch.setattr(torch.cuda, name, fake)
+
+    def _reset(self, device=None) -> None:
+        self.peak = self.allocated
+
+    def use(self, nbytes: int) -> None:
+        self.allocated += nbytes
+        self.peak = max(self.peak, self.allocated)
+
+
+def test_cuda_marks_split_the_allocator_peak_at_each_mark(monkeypatch):
+    """On CUDA a mark reads the allocator and resets its peak: the step's peak is still the highest of every span,
+    and each mark's peak after it the highest of the spans that follow it."""
+    from dtr_compile.measure import mark
+
+    fake = _FakeCudaAllocator(monkeypatch)
+
+    def step():
+        fake.use(300)
+        fake.use(-200)  # the step's peak, 300, is before the first mark
+        mark()  # 100 live
+        fake.use(150)
+        fake.use(-150)
+        mark()  # 100 live, 250 the peak between the marks
+        fake.use(50)
+
+    _, measured = measure_peak(step, "cuda")
+    assert measured.peak_bytes == 300 and measured.net_bytes == 150
+    assert [(m.live_bytes, m.peak_after_bytes) for m in measured.marks] == [(100, 250), (100, 150)]
