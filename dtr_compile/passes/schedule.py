@@ -82,6 +82,7 @@ class JointFacts:
         # (Emitted is immutable), instead of made again per candidate plan.
         self.plain_backward_ops = [Emitted(n, 0, tuple((a, 0) for a in self.inputs[n])) for n in self.backward]
         self.backward_position = {n: i for i, n in enumerate(self.backward)}
+        self.forward_inputs = {n: tuple(a for a in self.inputs[n] if a in self.is_forward) for n in self.backward}
         self.backward_entries: list[tuple | None] = [None] * len(self.backward)  # schedule.storage_keys
         self.forward_index = {(op.node, 0): i for i, op in enumerate(self.forward_ops)}
         self.forward_readers: list[list[int]] = [[] for _ in self.forward_ops]
@@ -205,7 +206,7 @@ def build_trace(
         return is_available(node) if known is None else known
 
     inputs_of, cost_of_node = facts.inputs, facts.cost
-    plain_backward_ops = facts.plain_backward_ops
+    plain_backward_ops, forward_inputs = facts.plain_backward_ops, facts.forward_inputs
 
     def ensure(root: fx.Node, backward_index: int) -> None:
         nonlocal recompute_s
@@ -241,11 +242,11 @@ def build_trace(
             give_up(gone)
         for early in hoist_before.get(index, ()):
             ensure(early, index)
-        inputs = inputs_of[node]
-        for arg in inputs:
-            if not ready(arg):
+        for arg in forward_inputs[node]:  # the others (gradients, graph inputs) are always ready
+            if arg not in version and not is_available(arg):
                 ensure(arg, index)
-        if version and any(a in version for a in inputs):
+        inputs = inputs_of[node]
+        if version and not version.keys().isdisjoint(inputs):
             ops.append(Emitted(node, 0, tuple([(a, version.get(a, 0)) for a in inputs])))
         else:
             ops.append(plain_backward_ops[index])
@@ -347,10 +348,10 @@ def storage_keys(
                 inputs = (*inputs, (state,))
         return own, inputs, keys
 
-    # A backward op that reads no recomputed value, directly or through a view of one, has the same entry in every
-    # plan (these models inline recomputes only): cached on `facts` once computed (`JointFacts.backward_entries`).
+    # A backward op that reads no recomputed value, directly or through a view, has the same entry in every plan
+    # (these models inline recomputes only): cached on `facts` once computed (`JointFacts.backward_entries`).
     fixed = facts.backward_entries if start else None
-    varied: set[fx.Node] = set()  # backward nodes whose entry in this trace is not their cached one
+    varied: set[fx.Node] = set()  # backward views whose storages in this trace may be recomputed ones
     for i in range(start, len(ops)):
         op = ops[i]
         node = op.node
@@ -361,7 +362,7 @@ def storage_keys(
                 entry = fixed[b]
                 if entry is None:
                     entry = fixed[b] = entry_of(i, op)
-            else:
+            elif not facts.own[node] and facts.keys[node]:  # a view or a getitem: its base's storages
                 varied.add(node)
         if entry is None:
             entry = entry_of(i, op)
