@@ -82,7 +82,7 @@ class JointFacts:
         # (Emitted is immutable), instead of made again per candidate plan.
         self.plain_backward_ops = [Emitted(n, 0, tuple((a, 0) for a in self.inputs[n])) for n in self.backward]
         self.backward_position = {n: i for i, n in enumerate(self.backward)}
-        self.forward_inputs = {n: tuple(a for a in self.inputs[n] if a in self.is_forward) for n in self.backward}
+        self.forward_inputs = {n: tuple(a for a in self.inputs[n] if a in self.is_forward) for n in self.nodes}
         self.backward_entries: list[tuple | None] = [None] * len(self.backward)  # schedule.storage_keys
         self.forward_index = {(op.node, 0): i for i, op in enumerate(self.forward_ops)}
         self.forward_readers: list[list[int]] = [[] for _ in self.forward_ops]
@@ -93,6 +93,7 @@ class JointFacts:
                     self.forward_readers[j].append(i)
         self.forward_keys_cache: tuple[list, list, dict] | None = None  # schedule._forward_keys
         self.forward_uses_cache: tuple[dict, dict] | None = None  # schedule._forward_uses
+        self.workspace_bytes = {n: self.cost[n].workspace_bytes for n in self.nodes}
 
     def _index_savable(self) -> None:
         """The candidates (forward values a plan may save or drop), and per node whether every storage it has
@@ -144,13 +145,18 @@ class Trace:
         """For each op: the positions of the ops that read its value. Built on first use: only the Inductor models
         read it, and building it for every candidate plan cost a tenth of build_trace."""
         if self._readers is None:
-            readers = [list(r) for r in self.forward_readers]
-            readers.extend([] for _ in range(self.boundary, len(self.ops)))
+            boundary = self.boundary
+            readers = list(self.forward_readers)  # shared with every trace: copied before they grow
+            readers.extend([] for _ in range(boundary, len(self.ops)))
+            grown: set[int] = set()
             index = self.index
-            for i in range(self.boundary, len(self.ops)):
+            for i in range(boundary, len(self.ops)):
                 for arg_version in self.ops[i].arg_versions:
                     j = index.get(arg_version)
                     if j is not None:
+                        if j < boundary and j not in grown:
+                            readers[j] = list(readers[j])
+                            grown.add(j)
                         readers[j].append(i)
             self._readers = readers
         return self._readers
@@ -215,16 +221,16 @@ def build_trace(
             node, expanded = stack.pop()
             if ready(node):
                 continue
-            inputs = inputs_of[node]
             if not expanded:
                 if not cost_of_node[node].recomputable:
                     raise Infeasible(f"needs {node.format_node()}, which is not saved and cannot be recomputed")
                 stack.append((node, True))
-                stack.extend([(a, False) for a in reversed(inputs) if not ready(a)])
+                # Only forward inputs may be unready (ready() holds every other value available).
+                stack.extend([(a, False) for a in reversed(forward_inputs[node]) if not ready(a)])
                 continue
             times = count.get(node, 0) + 1
             count[node] = version[node] = times
-            ops.append(Emitted(node, times, tuple([(a, version.get(a, 0)) for a in inputs])))
+            ops.append(Emitted(node, times, tuple([(a, version.get(a, 0)) for a in inputs_of[node]])))
             owner.append(backward_index)
             recompute_s += cost_of_node[node].time_s
 
@@ -442,7 +448,7 @@ def _inline_candidates(facts: JointFacts, trace: Trace, recomputes_only: bool = 
     start = boundary if recomputes_only else 0  # the forward recomputes nothing
     for i in range(start, len(ops)):
         op = ops[i]
-        if op.node not in facts.pointwise or i in outputs or recomputes_only and not op.is_recompute:
+        if recomputes_only and not op.version or op.node not in facts.pointwise or i in outputs:
             continue
         effective: list[int] = []
         stack = list(readers[i])
@@ -540,16 +546,18 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
     peak_index = 0
     timeline: list[int] = []
 
+    workspace = facts.workspace_bytes
+
     def run(start: int, stop: int, last: dict[SimKey, int], keep: set[SimKey]) -> None:
         nonlocal memory, peak, peak_index
+        held = forever | keep  # never freed in this part
         for i in range(start, stop):
             own, inputs, keys = keyed[i]
             for key in own:
                 if key not in live:
                     live.add(key)
                     memory += nbytes[key[0]]
-            node = ops[i].node
-            running = memory + (facts.cost[node].workspace_bytes if own else 0)
+            running = memory + workspace[ops[i].node] if own else memory
             timeline.append(running)
             if running > peak:
                 peak, peak_index = running, i
@@ -557,7 +565,7 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
                     raise _OverLimit
             for group in (*inputs, keys):
                 for key in group:
-                    if key in live and key not in forever and key not in keep and last.get(key, -1) <= i:
+                    if key in live and key not in held and last.get(key, -1) <= i:
                         live.discard(key)
                         memory -= nbytes[key[0]]
 
