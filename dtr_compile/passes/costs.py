@@ -181,14 +181,15 @@ def _source_line(node: fx.Node) -> str | None:
     trace = node.meta.get("stack_trace")
     if not trace:
         return None
-    lines = [line.strip() for line in trace.strip().splitlines() if line.strip().startswith("File ")]
-    if not lines:
+    # The last frame: searched from the end (a trace is dozens of lines, and every node of the graph has one).
+    last = next((line for line in map(str.strip, reversed(trace.splitlines())) if line.startswith("File ")), None)
+    if last is None:
         return None
     # 'File "x.py", line 12, in forward' -> 'x.py:12 in forward'
-    parts = lines[-1].split(", ")
+    parts = last.split(", ")
     if len(parts) >= 3:
         return f"{parts[0][6:-1]}:{parts[1].removeprefix('line ')} {parts[2]}"
-    return lines[-1]
+    return last
 
 
 def _attention_flops(node: fx.Node) -> int | None:
@@ -196,12 +197,16 @@ def _attention_flops(node: fx.Node) -> int | None:
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     target = node.target
+    forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    if target is not forward and target is not backward:  # before reading shapes: this runs for every node
+        return None
     # At the hints of symbolic sizes: computing on SymInts would specialize the graph to one size.
     args = [at_hints(a.meta.get("val")) if isinstance(a, fx.Node) else a for a in node.args]
     shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
-    if target is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default and len(shapes) >= 3:
+    if target is forward and len(shapes) >= 3:
         return sdpa_flop_count(*shapes[:3])
-    if target is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default and len(shapes) >= 4:
+    if target is backward and len(shapes) >= 4:
         return sdpa_backward_flop_count(*shapes[:4])
     return None
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import fx
 
@@ -276,13 +276,35 @@ class Simulation:
     timeline: list[int]  # bytes live while each op of the trace runs
     peak: int
     peak_index: int
-    first_read: dict[SimKey, int]  # first op of the backward part that reads each storage
     last_forward_use: dict[SimKey, int]
     saved: set[SimKey]  # forward storages the backward reads
-    reads: dict[SimKey, list[int]]  # the ops of the backward part that read each storage, in order
     allocated: dict[SimKey, int]  # the op that allocates each storage
     order: list[int]  # run position -> trace position
     complete: bool = True  # False: stopped at the first op above `simulate`'s limit (peak is that op's memory)
+    entries: list = field(default_factory=list, repr=False)  # storage_keys' entries in run order
+    boundary: int = 0  # run positions from here on are the backward part
+    _reads: dict[SimKey, list[int]] | None = field(default=None, repr=False)
+    _first_read: dict[SimKey, int] | None = field(default=None, repr=False)
+
+    @property
+    def reads(self) -> dict[SimKey, list[int]]:
+        """The ops of the backward part that read each storage, in order. Built on first use: only the search's
+        candidates read it, and most simulated plans are rejected (fill's) before any candidate is listed."""
+        if self._reads is None:
+            reads: dict[SimKey, list[int]] = {}
+            for i in range(self.boundary, len(self.entries)):
+                for keys in self.entries[i][1]:
+                    for key in keys:
+                        reads.setdefault(key, []).append(i)
+            self._reads = reads
+        return self._reads
+
+    @property
+    def first_read(self) -> dict[SimKey, int]:
+        """The first op of the backward part that reads each storage."""
+        if self._first_read is None:
+            self._first_read = {key: positions[0] for key, positions in self.reads.items()}
+        return self._first_read
 
     @property
     def run_position(self) -> list[int]:
@@ -518,8 +540,6 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
         j = trace.index.get((out, version))
         forever.update(keyed_by_trace[j][2] if j is not None else ((k, 0) for k in facts.keys[out]))
     last_bwd: dict[SimKey, int] = {}
-    first_read: dict[SimKey, int] = {}
-    reads: dict[SimKey, list[int]] = {}
     if (inline is None or recomputes_only) and boundary < len(ops):  # storage_keys' cached forward, run as traced
         last_fwd, allocated = _forward_uses(facts, trace)
         start = boundary
@@ -534,10 +554,6 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
         for keys in inputs:
             for key in keys:
                 table[key] = i
-                if i >= boundary:
-                    if key not in first_read:
-                        first_read[key] = i
-                    reads.setdefault(key, []).append(i)
     saved = {key for key in last_bwd if key[0][0] in facts.is_forward and key[1] == 0}
 
     stop_above = float("inf") if limit is None else limit
@@ -595,4 +611,4 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
         complete = False
     else:
         complete = True
-    return Simulation(timeline, peak, peak_index, first_read, last_fwd, saved, reads, allocated, order, complete)
+    return Simulation(timeline, peak, peak_index, last_fwd, saved, allocated, order, complete, keyed, boundary)
