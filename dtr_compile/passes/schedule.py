@@ -225,8 +225,14 @@ def build_trace(
                 if not cost_of_node[node].recomputable:
                     raise Infeasible(f"needs {node.format_node()}, which is not saved and cannot be recomputed")
                 stack.append((node, True))
-                # Only forward inputs may be unready (ready() holds every other value available).
-                stack.extend([(a, False) for a in reversed(forward_inputs[node]) if not ready(a)])
+                # ready() inlined: only forward inputs may be unready (every other value is available).
+                stack.extend(
+                    [
+                        (a, False)
+                        for a in reversed(forward_inputs[node])
+                        if a not in version and not (available[a] if a in available else is_available(a))
+                    ]
+                )
                 continue
             times = count.get(node, 0) + 1
             count[node] = version[node] = times
@@ -249,7 +255,7 @@ def build_trace(
         for early in hoist_before.get(index, ()):
             ensure(early, index)
         for arg in forward_inputs[node]:  # the others (gradients, graph inputs) are always ready
-            if arg not in version and not is_available(arg):
+            if arg not in version and not (available[arg] if arg in available else is_available(arg)):
                 ensure(arg, index)
         inputs = inputs_of[node]
         if version and not version.keys().isdisjoint(inputs):
