@@ -94,7 +94,7 @@ def _workspace(node: fx.Node, codegen: str) -> int:
 
 
 def _workspace_table(node: fx.Node, codegen: str) -> dict:
-    leaves = [v for v in tree_flatten(node.meta.get("val"))[0] if isinstance(v, torch.Tensor)]
+    leaves = [v for v in _leaves(node.meta.get("val")) if isinstance(v, torch.Tensor)]
     if leaves and leaves[0].device.type == "cuda":
         return CUDA_WORKSPACE
     if codegen != "inductor":
@@ -102,6 +102,14 @@ def _workspace_table(node: fx.Node, codegen: str) -> dict:
     on_cpu = not leaves or leaves[0].device.type == "cpu"
     channels_last = torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
     return INDUCTOR_CPU_WORKSPACE if on_cpu and channels_last else WORKSPACE
+
+
+def _leaves(value: object) -> list:
+    """`tree_flatten(value)`'s leaves, without pytree's walk for the common value, one tensor (the cost pass reads
+    every node's value several times: pytree was a fifth of it)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return tree_flatten(value)[0]
 
 
 def annotate_costs(gm: fx.GraphModule, *, mode: CostMode = "estimate", codegen: str = "fx") -> fx.GraphModule:
@@ -171,7 +179,7 @@ def _why_not_recomputable(node: fx.Node, phase: Phase) -> str | None:
     if node.is_impure(impure_random=False):
         return "has side effects"
     val = node.meta.get("val")
-    leaves, _ = tree_flatten(val)
+    leaves = _leaves(val)
     if not any(isinstance(leaf, torch.Tensor) for leaf in leaves):
         return "produces no tensor (symbolic size or scalar)"
     return None
@@ -181,14 +189,15 @@ def _source_line(node: fx.Node) -> str | None:
     trace = node.meta.get("stack_trace")
     if not trace:
         return None
-    lines = [line.strip() for line in trace.strip().splitlines() if line.strip().startswith("File ")]
-    if not lines:
+    # The last frame: searched from the end (a trace is dozens of lines, and every node of the graph has one).
+    last = next((line for line in map(str.strip, reversed(trace.splitlines())) if line.startswith("File ")), None)
+    if last is None:
         return None
     # 'File "x.py", line 12, in forward' -> 'x.py:12 in forward'
-    parts = lines[-1].split(", ")
+    parts = last.split(", ")
     if len(parts) >= 3:
         return f"{parts[0][6:-1]}:{parts[1].removeprefix('line ')} {parts[2]}"
-    return lines[-1]
+    return last
 
 
 def _attention_flops(node: fx.Node) -> int | None:
@@ -196,12 +205,16 @@ def _attention_flops(node: fx.Node) -> int | None:
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     target = node.target
+    forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    if target is not forward and target is not backward:  # before reading shapes: this runs for every node
+        return None
     # At the hints of symbolic sizes: computing on SymInts would specialize the graph to one size.
     args = [at_hints(a.meta.get("val")) if isinstance(a, fx.Node) else a for a in node.args]
     shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
-    if target is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default and len(shapes) >= 3:
+    if target is forward and len(shapes) >= 3:
         return sdpa_flop_count(*shapes[:3])
-    if target is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default and len(shapes) >= 4:
+    if target is backward and len(shapes) >= 4:
         return sdpa_backward_flop_count(*shapes[:4])
     return None
 
@@ -227,7 +240,7 @@ def _flops(node: fx.Node) -> int:
 
 def _bytes_moved(node: fx.Node) -> int:
     read = sum(tensor_nbytes(a.meta.get("val")) for a in node.all_input_nodes)
-    written, _ = tree_flatten(node.meta.get("val"))
+    written = _leaves(node.meta.get("val"))
     return read + sum(tensor_nbytes(v) for v in written)
 
 
@@ -253,8 +266,8 @@ def _cost_of(node: fx.Node, phase: Phase, storages: StorageMap, mode: CostMode, 
     if alias:
         estimated = 0.0  # views and getitem cost nothing: no kernel, no allocation
     elif is_call:
-        inputs = tree_flatten([a.meta.get("val") for a in node.all_input_nodes])[0]
-        outputs = tree_flatten(node.meta.get("val"))[0]
+        inputs = [leaf for a in node.all_input_nodes for leaf in _leaves(a.meta.get("val"))]
+        outputs = _leaves(node.meta.get("val"))
         device = device_of(inputs + outputs)
         fused = _fused_call(node, device, codegen)
         estimated = estimate_seconds(flops, moved, device=device, dtype=compute_dtype(inputs), fused=fused)

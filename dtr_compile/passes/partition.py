@@ -38,10 +38,10 @@ from .costs import CostMode, annotate_costs
 from .fuse_recompute import FusionReport, fuse_recomputes
 from .inlining import FUSED_RECOMPUTE
 from .paging import page_schedule
-from .peak import PeakModel, schedule_peak
+from .peak import PeakModel, graph_peak, schedule_peak
 from .planner import Plan, paused_gc, plan_schedule
 from .realize import pin_values_before_recomputes
-from .rewrite import emit_plan
+from .rewrite import emit_graph, emit_plan
 from .storage import (
     LEAST_TAIL,
     LEAST_TAIL_META_KEY,
@@ -283,8 +283,8 @@ def _plan_joint(
     inductor = model_flag(model_name)
     annotate_costs(joint, mode=cost_mode, codegen=codegen)
     baseline = plan_schedule(joint, None, num_fwd_outputs=num_fwd_outputs, keep=keep, inductor=inductor)
-    baseline_gm = emit_plan(joint, baseline, num_fwd_outputs=num_fwd_outputs)
-    no_remat = schedule_peak(baseline_gm, num_fwd_outputs=num_fwd_outputs, inductor=inductor)
+    baseline_graph = emit_graph(joint, baseline, num_fwd_outputs=num_fwd_outputs)  # a GraphModule only if it runs
+    no_remat = graph_peak(baseline_graph, num_fwd_outputs=num_fwd_outputs, inductor=inductor)
     budget_bytes = resolve_budget(budget, no_remat.peak_bytes)
     target = None if budget_bytes is None else max(1, round(budget_bytes * model_scale))
     near_top = (
@@ -307,7 +307,7 @@ def _plan_joint(
         )
 
     if target is None or target >= no_remat.peak_bytes or near_top:
-        return report(baseline_gm, baseline, no_remat)
+        return report(fx.GraphModule(joint, baseline_graph), baseline, no_remat)
     plan = plan_schedule(joint, target, num_fwd_outputs=num_fwd_outputs, keep=keep, inductor=inductor, fill=fill)
     if not plan.fits:
         # Below the search's reach, the paging planner may still meet the budget by recomputing more.

@@ -47,8 +47,13 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool | 
 
     `inductor`: model the graphs as Inductor compiles them, with the pointwise ops it inlines into
     their reader's kernel allocating nothing (inlining.py)."""
-    nodes = list(gm.graph.nodes)
-    tangents = set(tangent_placeholders(gm.graph))
+    return graph_peak(gm.graph, num_fwd_outputs=num_fwd_outputs, inductor=inductor)
+
+
+def graph_peak(graph: fx.Graph, *, num_fwd_outputs: int, inductor: bool | str = False) -> PeakModel:
+    """`schedule_peak` of a joint graph not wrapped in a GraphModule (rewrite.emit_graph)."""
+    nodes = list(graph.nodes)
+    tangents = set(tangent_placeholders(graph))
     inline = None
     recomputes_only = inductor == FUSED_RECOMPUTE
     if inductor:
@@ -56,7 +61,7 @@ def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool | 
         if recomputes_only:
             inlined = {n: kind for n, kind in inlined.items() if RECOMPUTE_META_KEY in n.meta}
         inline = InlineDecider(inlined)
-    storages = StorageMap(gm.graph, counted_inputs=tangents, inline=inline)
+    storages = StorageMap(graph, counted_inputs=tangents, inline=inline)
     output = next(n for n in reversed(nodes) if n.op == "output")
     outs = [o for o in output.args[0] if isinstance(o, fx.Node)]
     fwd_outs = [o for o in list(output.args[0])[:num_fwd_outputs] if isinstance(o, fx.Node)]

@@ -38,6 +38,12 @@ def _rng_state_val(val: object) -> torch.Tensor:
 
 def emit_plan(gm: fx.GraphModule, plan: Plan, *, num_fwd_outputs: int) -> fx.GraphModule:
     """A new joint GraphModule that runs `plan.trace` in order."""
+    return fx.GraphModule(gm, emit_graph(gm, plan, num_fwd_outputs=num_fwd_outputs))
+
+
+def emit_graph(gm: fx.GraphModule, plan: Plan, *, num_fwd_outputs: int) -> fx.Graph:
+    """`emit_plan`'s graph, without the GraphModule, whose Python code generation was half of emitting: a graph
+    that is only modelled (the no-remat schedule's, when a budget needs a plan) need not pay it."""
     graph = fx.Graph()
     env: dict[tuple[fx.Node, Version], fx.Node] = {}
     replayed_random = {e.node for e in plan.trace if e.is_recompute and is_random(e.node)}
@@ -78,7 +84,7 @@ def emit_plan(gm: fx.GraphModule, plan: Plan, *, num_fwd_outputs: int) -> fx.Gra
     new_output = graph.output(tuple(new_outs) if isinstance(output.args[0], tuple) else new_outs)
     new_output.meta = copy.copy(output.meta)
     graph.lint()
-    return fx.GraphModule(gm, graph)
+    return graph
 
 
 def _device_as_keyword(target, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

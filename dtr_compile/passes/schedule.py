@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import fx
 
@@ -78,6 +78,12 @@ class JointFacts:
         self.movable = self.pointwise | {n for n in self.nodes if is_view(n)}
         self.loop = {n for n in self.nodes if is_loop(n)}
         self.forward_ops = [Emitted(n, 0, tuple((a, 0) for a in self.inputs[n])) for n in self.forward]
+        # Each backward op as it runs when it reads no recomputed value: shared by every trace that runs it so
+        # (Emitted is immutable), instead of made again per candidate plan.
+        self.plain_backward_ops = [Emitted(n, 0, tuple((a, 0) for a in self.inputs[n])) for n in self.backward]
+        self.backward_position = {n: i for i, n in enumerate(self.backward)}
+        self.forward_inputs = {n: tuple(a for a in self.inputs[n] if a in self.is_forward) for n in self.nodes}
+        self.backward_entries: list[tuple | None] = [None] * len(self.backward)  # schedule.storage_keys
         self.forward_index = {(op.node, 0): i for i, op in enumerate(self.forward_ops)}
         self.forward_readers: list[list[int]] = [[] for _ in self.forward_ops]
         for i, op in enumerate(self.forward_ops):
@@ -86,6 +92,8 @@ class JointFacts:
                 if j is not None:
                     self.forward_readers[j].append(i)
         self.forward_keys_cache: tuple[list, list, dict] | None = None  # schedule._forward_keys
+        self.forward_uses_cache: tuple[dict, dict] | None = None  # schedule._forward_uses
+        self.workspace_bytes = {n: self.cost[n].workspace_bytes for n in self.nodes}
 
     def _index_savable(self) -> None:
         """The candidates (forward values a plan may save or drop), and per node whether every storage it has
@@ -129,7 +137,29 @@ class Trace:
     recompute_s: float
     owner: list[int]  # for each op of ops[boundary:]: the index of the backward op it runs for
     index: dict[tuple[fx.Node, Version], int]  # (node, version) -> position in ops
-    readers: list[list[int]]  # for each op: the positions of the ops that read its value
+    forward_readers: list[list[int]]  # readers of the forward ops among themselves (JointFacts.forward_readers)
+    _readers: list[list[int]] | None = None
+
+    @property
+    def readers(self) -> list[list[int]]:
+        """For each op: the positions of the ops that read its value. Built on first use: only the Inductor models
+        read it, and building it for every candidate plan cost a tenth of build_trace."""
+        if self._readers is None:
+            boundary = self.boundary
+            readers = list(self.forward_readers)  # shared with every trace: copied before they grow
+            readers.extend([] for _ in range(boundary, len(self.ops)))
+            grown: set[int] = set()
+            index = self.index
+            for i in range(boundary, len(self.ops)):
+                for arg_version in self.ops[i].arg_versions:
+                    j = index.get(arg_version)
+                    if j is not None:
+                        if j < boundary and j not in grown:
+                            readers[j] = list(readers[j])
+                            grown.add(j)
+                        readers[j].append(i)
+            self._readers = readers
+        return self._readers
 
 
 class Infeasible(Exception):
@@ -182,6 +212,7 @@ def build_trace(
         return is_available(node) if known is None else known
 
     inputs_of, cost_of_node = facts.inputs, facts.cost
+    plain_backward_ops, forward_inputs = facts.plain_backward_ops, facts.forward_inputs
 
     def ensure(root: fx.Node, backward_index: int) -> None:
         nonlocal recompute_s
@@ -190,16 +221,22 @@ def build_trace(
             node, expanded = stack.pop()
             if ready(node):
                 continue
-            inputs = inputs_of[node]
             if not expanded:
                 if not cost_of_node[node].recomputable:
                     raise Infeasible(f"needs {node.format_node()}, which is not saved and cannot be recomputed")
                 stack.append((node, True))
-                stack.extend([(a, False) for a in reversed(inputs) if not ready(a)])
+                # ready() inlined: only forward inputs may be unready (every other value is available).
+                stack.extend(
+                    [
+                        (a, False)
+                        for a in reversed(forward_inputs[node])
+                        if a not in version and not (available[a] if a in available else is_available(a))
+                    ]
+                )
                 continue
             times = count.get(node, 0) + 1
             count[node] = version[node] = times
-            ops.append(Emitted(node, times, tuple([(a, version.get(a, 0)) for a in inputs])))
+            ops.append(Emitted(node, times, tuple([(a, version.get(a, 0)) for a in inputs_of[node]])))
             owner.append(backward_index)
             recompute_s += cost_of_node[node].time_s
 
@@ -217,27 +254,25 @@ def build_trace(
             give_up(gone)
         for early in hoist_before.get(index, ()):
             ensure(early, index)
-        for arg in facts.inputs[node]:
-            if not ready(arg):
+        for arg in forward_inputs[node]:  # the others (gradients, graph inputs) are always ready
+            if arg not in version and not (available[arg] if arg in available else is_available(arg)):
                 ensure(arg, index)
-        ops.append(Emitted(node, 0, tuple([(a, version.get(a, 0)) for a in facts.inputs[node]])))
+        inputs = inputs_of[node]
+        if version and not version.keys().isdisjoint(inputs):
+            ops.append(Emitted(node, 0, tuple([(a, version.get(a, 0)) for a in inputs])))
+        else:
+            ops.append(plain_backward_ops[index])
         owner.append(index)
     for out in facts.bwd_outputs:
         ensure(out, len(facts.backward))
     final_versions = {o: version.get(o, 0) for o in facts.bwd_outputs}
-    # Who reads whom: the forward part is the same in every plan, so only the backward part is indexed here.
+    # Where each version runs: the forward part is the same in every plan, so only the backward part is indexed here.
     index = dict(facts.forward_index)
-    readers = [list(r) for r in facts.forward_readers]
     for i in range(boundary, len(ops)):
-        index[(ops[i].node, ops[i].version)] = i
-        readers.append([])
-    for i in range(boundary, len(ops)):
-        for arg_version in ops[i].arg_versions:
-            j = index.get(arg_version)
-            if j is not None:
-                readers[j].append(i)
+        op = ops[i]
+        index[(op.node, op.version)] = i
     fwd_versions = {o: 0 for o in facts.fwd_outputs}
-    return Trace(ops, boundary, fwd_versions, final_versions, count, recompute_s, owner, index, readers)
+    return Trace(ops, boundary, fwd_versions, final_versions, count, recompute_s, owner, index, facts.forward_readers)
 
 
 @dataclass
@@ -247,13 +282,35 @@ class Simulation:
     timeline: list[int]  # bytes live while each op of the trace runs
     peak: int
     peak_index: int
-    first_read: dict[SimKey, int]  # first op of the backward part that reads each storage
     last_forward_use: dict[SimKey, int]
     saved: set[SimKey]  # forward storages the backward reads
-    reads: dict[SimKey, list[int]]  # the ops of the backward part that read each storage, in order
     allocated: dict[SimKey, int]  # the op that allocates each storage
     order: list[int]  # run position -> trace position
     complete: bool = True  # False: stopped at the first op above `simulate`'s limit (peak is that op's memory)
+    entries: list = field(default_factory=list, repr=False)  # storage_keys' entries in run order
+    boundary: int = 0  # run positions from here on are the backward part
+    _reads: dict[SimKey, list[int]] | None = field(default=None, repr=False)
+    _first_read: dict[SimKey, int] | None = field(default=None, repr=False)
+
+    @property
+    def reads(self) -> dict[SimKey, list[int]]:
+        """The ops of the backward part that read each storage, in order. Built on first use: only the search's
+        candidates read it, and most simulated plans are rejected (fill's) before any candidate is listed."""
+        if self._reads is None:
+            reads: dict[SimKey, list[int]] = {}
+            for i in range(self.boundary, len(self.entries)):
+                for keys in self.entries[i][1]:
+                    for key in keys:
+                        reads.setdefault(key, []).append(i)
+            self._reads = reads
+        return self._reads
+
+    @property
+    def first_read(self) -> dict[SimKey, int]:
+        """The first op of the backward part that reads each storage."""
+        if self._first_read is None:
+            self._first_read = {key: positions[0] for key, positions in self.reads.items()}
+        return self._first_read
 
     @property
     def run_position(self) -> list[int]:
@@ -283,7 +340,9 @@ def storage_keys(
     result = []
     current: dict[fx.Node, Version] = {}
     start = 0
-    if inline is None and trace.boundary < len(ops):  # the FX model's forward entries: the same in every plan
+    # The forward's entries are the same in every plan under the FX model, and under FUSED_RECOMPUTE, which inlines
+    # recomputes only: cached.
+    if (inline is None or recomputes_only) and trace.boundary < len(ops):
         cached = _forward_keys(facts)
         entry_keys = list(cached[0])
         result = list(cached[1])
@@ -300,15 +359,14 @@ def storage_keys(
             return facts.input_keys[arg]
         return entry_keys[j]
 
-    for i in range(start, len(ops)):
-        op = ops[i]
+    def entry_of(i: int, op: Emitted) -> tuple[tuple[SimKey, ...], tuple[tuple[SimKey, ...], ...], tuple[SimKey, ...]]:
         node = op.node
         inputs = tuple([keys_of(a, v) for a, v in op.arg_versions])
         own: tuple[SimKey, ...] = ()
         if inline is not None and inline.may_inline(i) and _inlines(inline, i, op, inputs, index):
             keys = _union(inputs)
         elif facts.own[node] or not facts.keys[node]:
-            own = tuple((k, op.version) for k in facts.own[node])
+            own = tuple([(k, op.version) for k in facts.own[node]])
             keys = own
         else:  # a view or a getitem: the storages of its base (one element of it, for a getitem)
             base, base_version = op.arg_versions[0] if op.arg_versions else (None, 0)
@@ -322,9 +380,29 @@ def storage_keys(
                 own = (*own, state)
             else:
                 inputs = (*inputs, (state,))
-        entry_keys.append(keys)
+        return own, inputs, keys
+
+    # A backward op that reads no recomputed value, directly or through a view, has the same entry in every plan
+    # (these models inline recomputes only): cached on `facts` once computed (`JointFacts.backward_entries`).
+    fixed = facts.backward_entries if start else None
+    varied: set[fx.Node] = set()  # backward views whose storages in this trace may be recomputed ones
+    for i in range(start, len(ops)):
+        op = ops[i]
+        node = op.node
+        entry = None
+        if fixed is not None and op.version == 0:
+            b = facts.backward_position[node]
+            if op is facts.plain_backward_ops[b] and varied.isdisjoint(facts.inputs[node]):
+                entry = fixed[b]
+                if entry is None:
+                    entry = fixed[b] = entry_of(i, op)
+            elif not facts.own[node] and facts.keys[node]:  # a view or a getitem: its base's storages
+                varied.add(node)
+        if entry is None:
+            entry = entry_of(i, op)
+        entry_keys.append(entry[2])
         current[node] = op.version
-        result.append((own, inputs, keys))
+        result.append(entry)
     return result, current, inline
 
 
@@ -334,12 +412,41 @@ def _forward_keys(facts: JointFacts) -> tuple[list, list, dict[fx.Node, Version]
     cached = facts.forward_keys_cache
     if cached is None:
         forward = Trace(
-            list(facts.forward_ops), len(facts.forward_ops), {}, {}, {}, 0.0, [], dict(facts.forward_index), []
+            list(facts.forward_ops),
+            len(facts.forward_ops),
+            {},
+            {},
+            {},
+            0.0,
+            [],
+            dict(facts.forward_index),
+            facts.forward_readers,
         )
         result, current, _ = storage_keys(facts, forward)
         cached = ([keys for _, _, keys in result], result, current)
         facts.forward_keys_cache = cached
     return cached
+
+
+def _forward_uses(facts: JointFacts, trace: Trace) -> tuple[dict[SimKey, int], dict[SimKey, int]]:
+    """`simulate`'s last forward use and allocating op of the storages of the forward ops, from `_forward_keys`'
+    entries (the same in every plan, cached on `facts`), with the generator states `trace` replays added."""
+    cached = facts.forward_uses_cache
+    if cached is None:
+        last: dict[SimKey, int] = {}
+        allocated: dict[SimKey, int] = {}
+        for i, (own, inputs, _) in enumerate(_forward_keys(facts)[1]):
+            for key in own:
+                allocated.setdefault(key, i)
+            for keys in inputs:
+                for key in keys:
+                    last[key] = i
+        cached = facts.forward_uses_cache = (last, allocated)
+    last, allocated = dict(cached[0]), dict(cached[1])
+    for node, times in trace.recomputed.items():
+        if node in facts.rng_state_bytes and times > 0:
+            allocated.setdefault(((node, RNG_STATE_INDEX), 0), facts.forward_index[(node, 0)])
+    return last, allocated
 
 
 def _union(groups: tuple[tuple[SimKey, ...], ...]) -> tuple[SimKey, ...]:
@@ -366,8 +473,10 @@ def _inline_candidates(facts: JointFacts, trace: Trace, recomputes_only: bool = 
     boundary = trace.boundary
     ops = trace.ops
     kinds = {}
-    for i, op in enumerate(ops):
-        if op.node not in facts.pointwise or i in outputs or recomputes_only and not op.is_recompute:
+    start = boundary if recomputes_only else 0  # the forward recomputes nothing
+    for i in range(start, len(ops)):
+        op = ops[i]
+        if recomputes_only and not op.version or op.node not in facts.pointwise or i in outputs:
             continue
         effective: list[int] = []
         stack = list(readers[i])
@@ -397,15 +506,16 @@ def run_order(
     count = len(trace.ops)
     if inline is None:
         return list(range(count))
-    movable = [
-        op.node in facts.movable
-        and not (op.node in facts.pointwise and inline.stored_on_reuse(i))
-        and (op.is_recompute or not recomputes_only)
-        for i, op in enumerate(trace.ops)
+    boundary, ops = trace.boundary, trace.ops
+    first = boundary if recomputes_only else 0  # recomputes only: nothing moves in the forward, which recomputes none
+    movable = [False] * first + [
+        ops[i].node in facts.movable
+        and not (ops[i].node in facts.pointwise and inline.stored_on_reuse(i))
+        and (ops[i].is_recompute or not recomputes_only)
+        for i in range(first, count)
     ]
-    return sunk_order(0, trace.boundary, trace.readers, movable) + sunk_order(
-        trace.boundary, count, trace.readers, movable
-    )
+    forward = list(range(boundary)) if recomputes_only else sunk_order(0, boundary, trace.readers, movable)
+    return forward + sunk_order(boundary, count, trace.readers, movable)
 
 
 class _OverLimit(Exception):
@@ -421,9 +531,13 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
     Positions in the result (timeline, peak_index, reads, ...) are run positions: `order[p]` is the
     trace position of the op that runs p-th (see `run_order`)."""
     keyed_by_trace, _, inline = storage_keys(facts, trace, inductor=inductor)
-    order = run_order(facts, trace, inline, recomputes_only=inductor == FUSED_RECOMPUTE)
-    keyed = [keyed_by_trace[i] for i in order]
-    ops = [trace.ops[i] for i in order]
+    recomputes_only = inductor == FUSED_RECOMPUTE
+    order = run_order(facts, trace, inline, recomputes_only=recomputes_only)
+    if inline is None:  # runs as traced
+        keyed, ops = keyed_by_trace, trace.ops
+    else:
+        keyed = [keyed_by_trace[i] for i in order]
+        ops = [trace.ops[i] for i in order]
     boundary = trace.boundary
     nbytes = facts.nbytes
     # Storages that live to the end of the step: the forward outputs (held by the user) and the gradients.
@@ -431,22 +545,21 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
     for out, version in (*trace.fwd_versions.items(), *trace.final_versions.items()):
         j = trace.index.get((out, version))
         forever.update(keyed_by_trace[j][2] if j is not None else ((k, 0) for k in facts.keys[out]))
-    last_fwd: dict[SimKey, int] = {}
     last_bwd: dict[SimKey, int] = {}
-    first_read: dict[SimKey, int] = {}
-    reads: dict[SimKey, list[int]] = {}
-    allocated: dict[SimKey, int] = {}
-    for i, (own, inputs, _) in enumerate(keyed):
+    if (inline is None or recomputes_only) and boundary < len(ops):  # storage_keys' cached forward, run as traced
+        last_fwd, allocated = _forward_uses(facts, trace)
+        start = boundary
+    else:
+        last_fwd, allocated = {}, {}
+        start = 0
+    for i in range(start, len(keyed)):
+        own, inputs, _ = keyed[i]
         for key in own:
             allocated.setdefault(key, i)
         table = last_fwd if i < boundary else last_bwd
         for keys in inputs:
             for key in keys:
                 table[key] = i
-                if i >= boundary:
-                    if key not in first_read:
-                        first_read[key] = i
-                    reads.setdefault(key, []).append(i)
     saved = {key for key in last_bwd if key[0][0] in facts.is_forward and key[1] == 0}
 
     stop_above = float("inf") if limit is None else limit
@@ -455,16 +568,18 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
     peak_index = 0
     timeline: list[int] = []
 
+    workspace = facts.workspace_bytes
+
     def run(start: int, stop: int, last: dict[SimKey, int], keep: set[SimKey]) -> None:
         nonlocal memory, peak, peak_index
+        held = forever | keep  # never freed in this part
         for i in range(start, stop):
             own, inputs, keys = keyed[i]
             for key in own:
                 if key not in live:
                     live.add(key)
                     memory += nbytes[key[0]]
-            node = ops[i].node
-            running = memory + (facts.cost[node].workspace_bytes if own else 0)
+            running = memory + workspace[ops[i].node] if own else memory
             timeline.append(running)
             if running > peak:
                 peak, peak_index = running, i
@@ -472,7 +587,7 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
                     raise _OverLimit
             for group in (*inputs, keys):
                 for key in group:
-                    if key in live and key not in forever and key not in keep and last.get(key, -1) <= i:
+                    if key in live and key not in held and last.get(key, -1) <= i:
                         live.discard(key)
                         memory -= nbytes[key[0]]
 
@@ -502,4 +617,4 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
         complete = False
     else:
         complete = True
-    return Simulation(timeline, peak, peak_index, first_read, last_fwd, saved, reads, allocated, order, complete)
+    return Simulation(timeline, peak, peak_index, last_fwd, saved, allocated, order, complete, keyed, boundary)
