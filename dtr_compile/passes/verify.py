@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import BudgetError, MeasurementError, format_bytes
 from ..measure import mark, measure_peak
+from ..tensor_bytes import tensor_nbytes
 from . import plan_cache
 from .partition import DTRPartitioner, PlanReport, cache_entry, model_scale_for
 from .planner import paused_gc
@@ -177,7 +178,7 @@ def _mark_backward_start(outputs: list[torch.Tensor], unheld: list[int]) -> None
 
 def _unmaterialized_bytes(gradient: torch.Tensor) -> int:
     """Bytes a gradient would hold as a dense tensor less those its storage holds (an expanded scalar: nearly all)."""
-    return max(0, gradient.numel() * gradient.element_size() - gradient.untyped_storage().nbytes())
+    return max(0, tensor_nbytes(gradient) - gradient.untyped_storage().nbytes())
 
 
 def compile_within_budget(

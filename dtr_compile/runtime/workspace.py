@@ -62,7 +62,6 @@ def _contiguous_copy(t: Any) -> int:
     return _bytes(t) + STRIDED_SCRATCH if isinstance(t, torch.Tensor) and not t.is_contiguous() else 0
 
 
-
 # op -> function(args, fresh_output_bytes) -> workspace bytes
 _CPU_WORKSPACE: dict[Any, Callable[[tuple, int], int]] = {
     # mkldnn reorders the larger of output and input (a strided convolution: its input)
