@@ -14,6 +14,7 @@ from dtr_compile.passes import verify
 from dtr_compile.passes.partition import AIM, AIMS, CompileTimes
 
 FLOOR = 1000  # the planner's lowest modelled peak
+FIRST = round(2000 * AIM)  # the first plan's target at a 2000-byte budget
 
 
 class StandInPlanner:
@@ -68,9 +69,9 @@ def _run(monkeypatch, budget: int, measured_at, device_type: str = "cpu"):
 
 def test_a_first_plan_within_the_band_is_the_only_compile(monkeypatch) -> None:
     planner, compiled = _run(monkeypatch, 2000, lambda target: target)  # an exact model
-    assert planner.targets == [round(2000 * AIM)] and compiled.target == planner.targets[0]
+    assert planner.targets == [FIRST] and compiled.target == planner.targets[0]
     assert planner.times.compiles == 1 and planner.times.measures == 1
-    assert planner.reports[-1].measured_peak_bytes == 1900
+    assert planner.reports[-1].measured_peak_bytes == FIRST
 
 
 def test_a_plan_over_the_budget_is_planned_once_more_with_its_measured_ratio(monkeypatch) -> None:
@@ -88,23 +89,23 @@ def test_on_cuda_the_second_plan_aims_closer_to_the_budget(monkeypatch) -> None:
     planner, compiled = _run(monkeypatch, 2000, lambda target: round(1.2 * target), device_type="cuda")
     first = round(2000 * AIMS["cuda"])
     second = round(2000 * AIMS["cuda"] * first / round(1.2 * first))
-    assert AIMS["cuda"] > AIM and planner.targets == [first, second] and compiled.target == second
+    assert planner.targets == [first, second] and compiled.target == second
     assert 0.98 * 2000 <= planner.reports[-1].measured_peak_bytes <= 2000
 
 
 def test_when_neither_compile_fits_the_error_names_the_lower_measured_peak(monkeypatch) -> None:
     # The deeper plan measures higher (the model's error grows with depth): the first plan shows the lower floor.
-    measured = {1900: 2300}
+    measured = {FIRST: 2300}
     with pytest.raises(BudgetError) as raised:
         _run(monkeypatch, 2000, lambda target: measured.get(target, 2400))
     assert raised.value.smallest_feasible_bytes == 2300 and raised.value.budget_bytes == 2000
 
 
 def test_a_plan_below_the_band_is_aimed_higher_and_kept_if_the_higher_one_exceeds(monkeypatch) -> None:
-    measured = {1900: 1500}  # 0.75 of the budget: planned again, higher, and that one measures over the budget
+    measured = {FIRST: 1500}  # 0.75 of the budget: planned again, higher, and that one measures over the budget
     planner, compiled = _run(monkeypatch, 2000, lambda target: measured.get(target, 2100))
     assert len(planner.targets) == 2 and planner.targets[1] > planner.targets[0]
-    assert compiled.target == 1900 and planner.reports[-1].measured_peak_bytes == 1500
+    assert compiled.target == FIRST and planner.reports[-1].measured_peak_bytes == 1500
 
 
 def test_a_budget_below_the_planners_reach_compiles_its_lowest_plan_once(monkeypatch) -> None:
@@ -130,15 +131,15 @@ def test_when_both_aimed_plans_exceed_the_lowest_plan_is_compiled_once_more(monk
 
 
 def test_when_the_second_plan_is_already_the_lowest_it_is_not_compiled_again(monkeypatch) -> None:
-    # The first plan measures 1.9x its model, so the second is aimed at FLOOR itself: it is the lowest plan.
-    measured = {1900: 3610, FLOOR: 2100}
+    # The first plan measures FIRST / FLOOR x its model, so the second is aimed at FLOOR itself: it is the lowest plan.
+    measured = {FIRST: FIRST * FIRST // FLOOR, FLOOR: 2100}
     planner = StandInPlanner(2000, lambda target: measured[target])
     monkeypatch.setattr(
         verify, "measure_region", lambda compiled, inputs, **_: _peak(planner.measured_at(compiled.target))
     )
     with pytest.raises(BudgetError) as raised:
         verify.compile_within_budget(planner.compile_once, [], planner)
-    assert planner.targets == [1900, FLOOR] and planner.times.compiles == 2
+    assert planner.targets == [FIRST, FLOOR] and planner.times.compiles == 2
     assert raised.value.smallest_feasible_bytes == 2100
 
 
