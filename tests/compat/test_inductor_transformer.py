@@ -20,7 +20,7 @@ def test_inductor_trains_a_small_transformer_under_a_budget() -> None:
     model = torch.nn.Sequential(models.Block(64, 4, 0.0), torch.nn.Linear(64, 1))
     inputs = (torch.randn(8, 32, 64),)
     expected = models.eager_grads(model, inputs)
-    grads, measured, reports = models.run_step(model, inputs, 0.85, codegen="inductor", steps=1)
+    grads, measured, reports = models.run_step(model, inputs, 0.75, codegen="inductor", steps=1)
     for name, want in expected.items():
         torch.testing.assert_close(grads[name], want, rtol=1e-4, atol=1e-5, msg=name)
     report = reports[-1]
