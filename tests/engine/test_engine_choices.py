@@ -135,6 +135,27 @@ def test_exact_neighbourhood_follows_evicted_paths_both_ways() -> None:
     assert heuristics.evicted_neighbourhood_cost(a) == 14.0 == heuristics.eq_class_neighbourhood_cost(a)
 
 
+def test_outputs_dying_next_to_one_class_join_it_once() -> None:
+    # A backward's gradients: one op reads many activations, which are evicted (consumed) when it runs, and its
+    # outputs die one by one next to all of them. Each death joins the class they form; nothing is counted twice.
+    h = Harness(None)
+    x = h.constant()
+    acts = [h.op(f"f{k}", [x], cost=float(k + 1))[0] for k in range(4)]
+    grads = h.op("backward", acts, sizes=[UNIT] * 3, cost=100.0)
+    for act in acts:
+        h.engine.evict(act)
+    assert len({act.eq.root() for act in acts}) == 4, "siblings of one constant are not adjacent"
+    h.drop(*acts)
+    for k, grad in enumerate(grads):
+        if k < 2:
+            h.drop(grad)
+        else:
+            h.engine.evict(grad)  # still held: a live member
+        root = grad.eq.root()
+        assert all(s.eq.root() is root for s in [*acts, *grads[:k]])
+        assert root.cost == 1 + 2 + 3 + 4 + 100.0 * (k + 1) and root.live == (1 if k == 2 else 0)
+
+
 def test_eq_class_union_find() -> None:
     a, b, c = EqClass(1.0), EqClass(2.0), EqClass(4.0)
     root = a.union(b)
