@@ -122,8 +122,10 @@ class ConstantRegistry:
             for k in dead:
                 del entry.values[k]
 
-    def value_of(self, tensor: torch.Tensor) -> TensorValue:
-        key = storage_key(tensor)
+    def value_of(self, tensor: torch.Tensor, key: int | None = None) -> TensorValue:
+        """The value an operation reads from the outside tensor `tensor` (`key`: its `storage_key`, if known)."""
+        if key is None:
+            key = storage_key(tensor)
         entry = self._entries.get(key)
         if entry is None:
             entry = self._register(tensor, key)
@@ -134,7 +136,8 @@ class ConstantRegistry:
         cached = entry.values.get(id(tensor))
         if cached is not None and cached[0]() is tensor:
             value = cached[1]
-            if value.size == tensor.shape and value.stride == tensor.stride() and value.offset == tensor.storage_offset():
+            same_view = value.size == tensor.shape and value.stride == tensor.stride()
+            if same_view and value.offset == tensor.storage_offset() and value.dtype == tensor.dtype:
                 return value
         value = TensorValue(entry.storage, tensor)
         entry.values[id(tensor)] = (weakref.ref(tensor), value)

@@ -58,6 +58,10 @@ class StorageIndex:
     def lookup(self, tensor: torch.Tensor) -> Storage | None:
         return self._current.get(storage_key(tensor))
 
+    def lookup_key(self, key: int) -> Storage | None:
+        """`lookup` for a caller that has the tensor's `storage_key` already."""
+        return self._current.get(key)
+
     def set_current(self, key: int, storage: Storage) -> None:
         self._current[key] = storage
 

@@ -38,14 +38,15 @@ class Inputs:
         for i, x in enumerate(flat):
             if not isinstance(x, torch.Tensor):
                 continue
-            key = storage_key(x)
-            storage = keys.get(key)
+            key = storage_key(x)  # once per argument: a compiled part has a few hundred
+            storage = keys.get(key) or index.lookup_key(key)
             if storage is None:
-                storage = index.lookup(x)
-                if storage is None:
-                    storage = constants.value_of(x).storage
-                keys[key] = storage
-            leaves[i] = TensorValue(storage, x)
+                value = constants.value_of(x, key)  # the registry's value of an outside tensor, the one leaf it needs
+                storage = value.storage
+            else:
+                value = TensorValue(storage, x)
+            keys[key] = storage
+            leaves[i] = value
             inputs.setdefault(id(storage), storage)
         self.leaves = leaves
         self.keys = keys
