@@ -291,6 +291,15 @@ class Engine:
         self.compute_cost += op.cost
         return op
 
+    def record_nothing(self, inputs: Sequence[Storage], cost: float) -> None:
+        """After running an operation with no output for the engine (it wrote only constants): unlock its inputs
+        and advance the clock as `record` would. Nothing is recorded: without outputs, nothing can need it rerun."""
+        for storage in inputs:
+            self._unlock(storage)
+        cost = float(cost)
+        self.clock += cost
+        self.compute_cost += cost
+
     def abandon(self, inputs: Sequence[Storage]) -> None:
         """Undo the locks of a `reserve` whose operation failed (or that only materialized its inputs)."""
         for storage in inputs:

@@ -115,6 +115,13 @@ def record_outputs(
         sources.append(OutputSource("fresh", k, None if uses_storage_swap() else Layout(r)))
         out_sizes.append(untyped.nbytes())
 
+    if not sources and not consumed and rt.recorder is None and not _any_handle_to_make(result_keys, keys):
+        # It only wrote outside tensors (a backward accumulating each parameter's gradient into `.grad`): with no
+        # output, nothing can ever need it rerun, so no record is kept.
+        engine.record_nothing(storages, cost)
+        if unpredicted:
+            engine.reserve([], 0, name)
+        return
     recipe = make_recipe(sources)
     if fresh and not uses_storage_swap():  # a refill that copies needs room for the copy (runtime/refill.py)
         workspace = max(workspace, copy_refill_bytes(recipe, out_sizes, fresh[0][1].device))
@@ -162,6 +169,11 @@ def record_outputs(
             engine.keep_resident(storage)
     for storage in outputs:
         engine.drop_handle(storage)  # the engine's initial handle: from now on only the program's handles count
+
+
+def _any_handle_to_make(result_keys: Sequence[int | None], keys: dict[int, Storage]) -> bool:
+    """Is a result on a storage of the step (a view of a managed argument), which becomes a handle on it?"""
+    return any(key is not None and keys[key].producer is not None for key in result_keys)
 
 
 def _log_call(rt, name, flat, leaves, written, results, written_ids, fresh, fresh_outputs, cost) -> None:

@@ -156,6 +156,19 @@ def test_outputs_dying_next_to_one_class_join_it_once() -> None:
         assert root.cost == 1 + 2 + 3 + 4 + 100.0 * (k + 1) and root.live == (1 if k == 2 else 0)
 
 
+def test_an_operation_with_nothing_to_record_unlocks_and_advances_the_clock_only() -> None:
+    h = Harness(None)
+    x = h.constant()
+    (a,) = h.op("a", [x], cost=2.0)
+    clock, cost = h.engine.clock, h.engine.compute_cost
+    h.engine.reserve([x, a], 0, "write_outside")
+    h.engine.record_nothing([x, a], 3.0)
+    assert x.locks == a.locks == 0 and a.consumers == []
+    assert h.engine.clock == clock + 3.0 and h.engine.compute_cost == cost + 3.0
+    h.drop(a)
+    assert not a.resident, "a handle-less storage is freed once its last lock is gone"
+
+
 def test_eq_class_union_find() -> None:
     a, b, c = EqClass(1.0), EqClass(2.0), EqClass(4.0)
     root = a.union(b)

@@ -15,6 +15,8 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 import dtr_compile
+from dtr_compile.measure import measure_peak
+from tests.runtime.models import mlp, mlp_step
 
 N = 64 * 1024  # floats: 256 KiB, above the engine's smallest evictable size
 
@@ -126,3 +128,30 @@ def test_a_compiled_output_evicted_after_its_input_was_written_in_place_comes_ba
                 assert y.untyped_storage().nbytes() == 0
                 torch.testing.assert_close(y.detach().clone(), torch.tanh(x @ old).detach())
             y.sum().backward()
+
+
+def test_gradients_accumulated_into_existing_grads_across_steps_match_eager_within_the_budget() -> None:
+    """A second step without `zero_grad`: the backward adds each parameter's gradient into its `.grad`, an outside
+    tensor, in place. The runtime keeps no record of such a write (nothing can need it rerun), and the step still
+    evicts and recomputes its activations around it: gradients equal eager's, peak within the budget."""
+    torch.manual_seed(0)
+    reference = mlp()
+    model = mlp()
+    model.load_state_dict(reference.state_dict())
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        mlp_step(reference).backward()
+    budget = 8 * 2048 * 64 * 4  # 8 activations of 512 KiB: the step must evict
+    runtime = dtr_compile.runtime.enable(memory_budget=budget)
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+
+        def step() -> None:
+            with runtime:
+                mlp_step(model).backward()
+
+        _, measurement = measure_peak(step)
+        assert measurement.peak_bytes <= 1.05 * budget
+    assert runtime.stats().evictions > 0
+    for got, want in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-5, atol=1e-6)
