@@ -12,9 +12,10 @@ the limit. At each method's largest batch the throughput is timed (samples per s
 warm-up). The result is a table and, with `--plot`, throughput against batch size.
 
 The model: a `transformers` model type ("gpt2", "llama", ...) built from its default config with `--set key=value`
-overrides and random weights (no download), trained as a causal LM on random tokens; or `module:function`,
-where `function()` returns `(model, make_batch)` and `make_batch(batch_size)` returns the keyword arguments of one
-step; the model's output is the loss, or has a `.loss`, or is summed into one.
+overrides and random weights (no download), trained as a causal LM on random tokens without its key/value cache
+(as checkpointing trains); or `module:function`, where `function()` returns `(model, make_batch)` and
+`make_batch(batch_size)` returns the keyword arguments of one step; the model's output is the loss, or has a `.loss`,
+or is summed into one.
 
 On CUDA `--limit` is the device memory of the whole process (parameters, gradients, everything): it caps the
 process with `torch.cuda.set_per_process_memory_fraction`, so a method that goes above it runs out of memory as it
@@ -87,6 +88,12 @@ def model_from_spec(spec: str, overrides: dict[str, Any], seq: int) -> tuple[tor
         import transformers
     except ImportError as exc:
         raise ConfigError(f"model {spec!r} names a transformers model type, and transformers is not installed") from exc
+    # A training step has no use for the key/value cache, and checkpointing turns it off (transformers does, under
+    # gradient checkpointing): left on for the other methods, their compiled graphs return every layer's keys and
+    # values, held through the loss, and the comparison is unequal (GPT-2 at batch 13: 6.5 MiB of a 46 MiB budget,
+    # which the runtime made room for by evicting and recomputing saved activations every step). `--set use_cache=true`
+    # keeps it.
+    overrides = {"use_cache": False, **overrides}
     try:
         model_config = transformers.AutoConfig.for_model(spec, **overrides)
     except ValueError as exc:

@@ -97,3 +97,14 @@ def test_bad_arguments_end_in_one_error_line(argv, message, capsys) -> None:
         main([*argv, "--device", "cpu"])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_transformers_model_trains_without_its_key_value_cache_unless_asked() -> None:
+    """Checkpointing turns the cache off; every method must train the same model (a cache left on is returned and held
+    through the loss, where the runtime evicts saved activations to make room for it)."""
+    pytest.importorskip("transformers")
+    small = {"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 64}
+    model, _ = model_from_spec("gpt2", small, seq=8)
+    assert model.config.use_cache is False
+    model, _ = model_from_spec("gpt2", {**small, "use_cache": True}, seq=8)
+    assert model.config.use_cache is True
