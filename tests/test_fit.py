@@ -108,3 +108,18 @@ def test_a_transformers_model_trains_without_its_key_value_cache_unless_asked() 
     assert model.config.use_cache is False
     model, _ = model_from_spec("gpt2", {**small, "use_cache": True}, seq=8)
     assert model.config.use_cache is True
+
+
+@pytest.mark.slow
+def test_gpt2_fits_every_batch_between_two_that_fit() -> None:
+    """The CPU stand-in's GPT-2 (4 x 128, vocab 2048, seq 128) at 48 MB, FX code generator: batches 11 and 13 fit, and
+    12's first step raised a BudgetError (47.49 MiB needed). Its loss, a second region after a graph break, holds two
+    logits' worth where the forward's plan left room for one; the runtime evicted saved values to make the rest, and
+    bringing one back reserved its slice's intermediates summed (33.1 MiB), which evicted outputs only a rerun of the
+    whole forward brings back (runtime/slices.py now reserves what the slice holds at once)."""
+    pytest.importorskip("transformers")
+    overrides = {"n_layer": 4, "n_embd": 128, "n_head": 4, "vocab_size": 2048}
+    overrides |= {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    model, make_batch = model_from_spec("gpt2", overrides, seq=128)
+    trial = fit_module.try_batch("dtr", model.train(), make_batch, 12, 48_000_000, "aot_eager", torch.device("cpu"))
+    assert trial.fits and trial.peak_bytes <= 48_000_000, trial
