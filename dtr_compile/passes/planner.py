@@ -59,7 +59,7 @@ from typing import Any
 
 from torch import fx
 
-from .blocks import Block, boundaries, find_chain
+from .blocks import Block, boundaries, find_chain, sac_saves
 from .chain_plan import plan_chain
 from .plan_state import PlanState
 from .schedule import Emitted, Infeasible, JointFacts, Trace, Version, build_trace, simulate
@@ -449,7 +449,7 @@ def _plan(
     facts = JointFacts(gm, num_fwd_outputs)
     blocks = find_chain(facts) if budget_bytes is not None else None
     if blocks is not None:
-        facts.allow_saving(boundaries(facts, blocks))  # before the start is read off `keep`
+        facts.allow_saving(boundaries(facts, blocks) | sac_saves(blocks))  # before the start is read off `keep`
     initial = frozenset()
     if keep is not None:  # a value is kept when the partition saves it or a view of it
         kept = {k[0] for n in facts.nodes if n.name in keep for k in facts.keys[n]}

@@ -70,6 +70,7 @@ class JointFacts:
         self.pinned_forward = {k for o in self.fwd_outputs for k in self.keys[o]}
         # Forward storages the backward reads: the ones a plan may save or drop (allow_saving adds more).
         self.read_by_backward = {k for b in self.backward for a in self.inputs[b] for k in self.keys[a]}
+        self.savable_for_recompute: set[fx.Node] = set()  # nodes only allow_saving made savable
         # Per node, for the search's inner loops: the producers of its counted storages.
         self.producers = {n: frozenset(k[0] for k in self.keys[n] if self.nbytes.get(k, 0) > 0) for n in self.nodes}
         self._index_savable()
@@ -113,7 +114,10 @@ class JointFacts:
         A chain's block boundaries are such values when the backward reads only what the block computes from
         them: with Inductor's decompositions a layer norm's backward reads its normalized input, not the residual
         stream it normalized. Without them, checkpointing a block recomputed every block before it, from the
-        embedding (on the CPU stand-in GPT-2, the all-checkpoint plan modelled 241 MB, above saving everything)."""
+        embedding (on the CPU stand-in GPT-2, the all-checkpoint plan modelled 241 MB, above saving everything).
+        The matmuls a `sac` block keeps are others (blocks.sac_saves); `savable_for_recompute` lists what only this
+        made savable, which the `save` option does not save."""
+        nodes = frozenset(nodes)
         extra = {
             k
             for n in nodes
@@ -123,6 +127,8 @@ class JointFacts:
         }
         if extra <= self.read_by_backward:
             return
+        added = extra - self.read_by_backward
+        self.savable_for_recompute |= {n for n in nodes if any(k in added for k in self.own.get(n, ()))}
         self.read_by_backward = self.read_by_backward | extra
         self._index_savable()
 

@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from dtr_compile.backend import make_backend
 from dtr_compile.errors import BudgetError
-from dtr_compile.passes.blocks import OPTIONS, boundaries, find_chain, option_drops
+from dtr_compile.passes.blocks import OPTIONS, boundaries, find_chain, option_drops, sac_saves
 from dtr_compile.passes.chain_plan import _LocalSearch, plan_chain
 from dtr_compile.passes.planner import _Search
 from dtr_compile.passes.schedule import JointFacts
@@ -88,7 +88,7 @@ def _search(model: nn.Module, x: torch.Tensor):
     facts = JointFacts(report.joint, report.num_fwd_outputs)
     blocks = find_chain(facts)
     if blocks is not None:
-        facts.allow_saving(boundaries(facts, blocks))
+        facts.allow_saving(boundaries(facts, blocks) | sac_saves(blocks))
     return _Search(facts, report.plan.dropped, inductor=False), facts
 
 
@@ -260,3 +260,46 @@ def test_recompute_never_rises_as_the_budget_grows() -> None:
         assert result.state is not None and result.state.peak <= budget
         times.append(result.state.trace.recompute_s)
     assert all(later <= earlier + 1e-12 for earlier, later in itertools.pairwise(times)), times
+
+
+class _TwoHalfBlock(nn.Module):
+    """GPT-2's block shape: the attention half's projection reaches the backward only through the residual add that
+    the second layer norm reads (its backward reads its input), so no backward op reads the projection itself."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.proj, self.up = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x + self.proj(torch.tanh(self.ln1(x)))
+        return y + self.up(self.ln2(y))
+
+
+class _TwoHalfStack(nn.Module):
+    def __init__(self, depth: int = 3, width: int = 32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.h = nn.ModuleList(_TwoHalfBlock(width) for _ in range(depth))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.h:
+            x = block(x)
+        return self.head(x)
+
+
+def test_sac_saves_a_matmul_no_backward_op_reads_and_save_does_not() -> None:
+    search, facts = _search(_TwoHalfStack(), torch.randn(128, 32))
+    blocks = find_chain(facts)
+    start = search.state.dropped
+    matmuls = {n for b in blocks for n in b.forward if n.target is torch.ops.aten.addmm.default}
+    assert matmuls & facts.savable_for_recompute  # the projections: savable only because sac keeps them
+    dropped = frozenset().union(*(option_drops(facts, b, "sac", start) for b in blocks))
+    sac = search.evaluate(dropped | (start - set().union(*(b.forward for b in blocks))), frozenset())
+    assert sac is not None
+    assert not [n for n in sac.trace.recomputed if n in matmuls]  # as torch's save-matmuls policy: none recomputed
+    saved_all = frozenset().union(*(option_drops(facts, b, "save", start) for b in blocks))
+    assert saved_all == frozenset(n for n in facts.savable_for_recompute if any(n in b.forward for b in blocks)) - {
+        o for b in blocks for o in b.outputs
+    }  # "save" keeps what the backward reads, not the values only a recompute would read
