@@ -98,9 +98,7 @@ def _class_joining_evicted_neighbours(storage: Storage) -> EqClass:
             continue
         root = neighbour.eq.root()
         if root is not eq:
-            root.parent = eq
-            eq.cost += root.cost
-            eq.live += root.live
+            eq.adopt(root)
     return eq
 
 
@@ -285,18 +283,18 @@ class Engine:
             out.last_access = self.clock + op.cost  # written when the op ends: not stale yet (as in DTR)
             op.add_output(out)
             self._allocate(out)
-        for storage in inputs:
-            self._unlock(storage)
-        self.clock += op.cost
-        self.compute_cost += op.cost
+        self._ran(inputs, op.cost)
         return op
 
     def record_nothing(self, inputs: Sequence[Storage], cost: float) -> None:
         """After running an operation with no output for the engine (it wrote only constants): unlock its inputs
         and advance the clock as `record` would. Nothing is recorded: without outputs, nothing can need it rerun."""
+        self._ran(inputs, float(cost))
+
+    def _ran(self, inputs: Sequence[Storage], cost: float) -> None:
+        """An operation over `inputs` has run: unlock them and advance the clock by its cost."""
         for storage in inputs:
             self._unlock(storage)
-        cost = float(cost)
         self.clock += cost
         self.compute_cost += cost
 

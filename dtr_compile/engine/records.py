@@ -35,12 +35,15 @@ class EqClass:
 
     def union(self, other: EqClass) -> EqClass:
         a, b = self.root(), other.root()
-        if a is b:
-            return a
-        b.parent = a
-        a.cost += b.cost
-        a.live += b.live
+        if a is not b:
+            a.adopt(b)
         return a
+
+    def adopt(self, root: EqClass) -> None:
+        """Hang the other root `root` under this root, its cost and live members added."""
+        root.parent = self
+        self.cost += root.cost
+        self.live += root.live
 
 
 class Storage:

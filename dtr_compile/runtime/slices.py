@@ -115,9 +115,10 @@ def _transient_peak(ordered: list[fx.Node], target: fx.Node) -> int:
     evicting outputs only a whole rerun of the forward (33.8 MiB) brings back, and the first step overran its budget
     at batch 12 where 11 and 13 ran."""
     inside = set(ordered)
+    fresh = {node: _fresh_bytes(node) for node in ordered}
     owner: dict[fx.Node, fx.Node | None] = {}  # the node whose storage a value lives in (None: outside the slice)
     for node in ordered:
-        if _fresh_bytes(node) or node.op != "call_function":
+        if fresh[node] or node.op != "call_function":
             owner[node] = node
         else:  # a view or a getitem: its base's storage
             base = next(iter(node.all_input_nodes), None)
@@ -133,9 +134,9 @@ def _transient_peak(ordered: list[fx.Node], target: fx.Node) -> int:
     live = peak = 0
     for position, node in enumerate(ordered):
         if owner[node] is node and node is not target:
-            live += _fresh_bytes(node)
+            live += fresh[node]
         peak = max(peak, live)  # the node's inputs are still held while it runs
-        live -= sum(_fresh_bytes(storage) for storage in freed_after.get(position, ()))
+        live -= sum(fresh[storage] for storage in freed_after.get(position, ()))
     return peak
 
 

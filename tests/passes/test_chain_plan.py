@@ -276,17 +276,10 @@ class _TwoHalfBlock(nn.Module):
         return y + self.up(self.ln2(y))
 
 
-class _TwoHalfStack(nn.Module):
+class _TwoHalfStack(_Stack):
     def __init__(self, depth: int = 3, width: int = 32) -> None:
-        super().__init__()
-        torch.manual_seed(0)
+        super().__init__(depth, width)
         self.h = nn.ModuleList(_TwoHalfBlock(width) for _ in range(depth))
-        self.head = nn.Linear(width, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.h:
-            x = block(x)
-        return self.head(x)
 
 
 def test_sac_saves_a_matmul_no_backward_op_reads_and_save_does_not() -> None:
