@@ -333,14 +333,35 @@ class Region:
 
     def _codegen_for(self, key: Hashable) -> str:
         """ "fx" for a plan only the first step runs: made for a tail no step has measured (so it is planned again
-        when the step ends), in a step that can have a backward, with Inductor asked for. Else the region's own."""
+        when the step ends), in a step that can have a backward, with Inductor asked for. Else the region's own.
+
+        A region that returns only scalars (a loss computed in its own graph, as transformers computes a causal LM's
+        after a graph break) has no tail to measure: the code after it holds the loss until its backward, which the
+        assumed tail counts. Its first step runs Inductor's code, planned once: FX code would have run its
+        cross-entropy's backward unfused, three logits-sized buffers where Inductor's code allocates one, and the
+        step would have made room for those (evicting the model's saved values) and measured them as the tail of
+        the region before it."""
         first_step_plan = (
             key[0] == "step" and len(key) > 2 and key[2] is None  # type: ignore[index]
             and not self._tail_decided and not self._first_step_over
         )  # fmt: skip
-        if self.codegen == "inductor" and first_step_plan and torch.is_grad_enabled() and self._static_tensor_inputs():
+        if (
+            self.codegen == "inductor"
+            and first_step_plan
+            and torch.is_grad_enabled()
+            and self._static_tensor_inputs()
+            and not self._returns_only_scalars()
+        ):
             return "fx"
         return self.codegen
+
+    def _returns_only_scalars(self) -> bool:
+        """Does the region's graph return tensors, all of one element (as Dynamo traced them), and nothing else?"""
+        output = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
+        values = [n.meta.get("example_value") for n in output.all_input_nodes]
+        return bool(values) and all(
+            isinstance(v, torch.Tensor) and all(isinstance(d, int) and d == 1 for d in v.shape) for v in values
+        )
 
     def _static_tensor_inputs(self) -> bool:
         """Are the region's inputs all tensors of static sizes? Only then is its Inductor plan compiled after the first

@@ -208,13 +208,16 @@ def compile_within_budget(
     if measured is None:  # nothing to run it on: held by the model
         return compiled
     used = measured >= BAND * budget or report.planned_peak is report.no_remat
+    if report.planned_peak is report.no_remat:
+        partitioner.baseline_measured = (partitioner.structure, measured)  # decides for it when planning again
     if measured <= budget and used:
         return run.keep(compiled, report)
     # Aim again with this plan's own measured / modelled ratio (now also the graph's calibration).
     log.info("dtr: measured %d bytes against a %d-byte budget; planning once more", measured, budget)
     partitioner.reports.remove(report)
     partitioner.first = False
-    partitioner.model_scale = model_scale_for(measured / report.planned_peak.peak_bytes, partitioner.device_type)
+    if not report.unpinned_baseline:  # torch.compile's own partition, over the budget: plan at the same aim
+        partitioner.model_scale = model_scale_for(measured / report.planned_peak.peak_bytes, partitioner.device_type)
     fits = (compiled, report) if measured <= budget else None
     try:
         second = run.compile()
@@ -300,7 +303,7 @@ class _Attempts:
         report.measured_peak_bytes = measured
         report.measured_backward_room_bytes = None if region is None else region.backward_room_bytes
         report.replans = self.times.compiles - 1
-        if measured is not None and self.partitioner.calibration_key is not None:
+        if measured is not None and self.partitioner.calibration_key is not None and not report.unpinned_baseline:
             plan_cache.calibrate(self.partitioner.calibration_key, measured / report.planned_peak.peak_bytes)
         return measured
 

@@ -47,7 +47,7 @@ class StandInPlanner:
         report = SimpleNamespace(
             planned_peak=SimpleNamespace(peak_bytes=target), no_remat=no_remat, budget_bytes=self.budget,
             measured_peak_bytes=None, from_cache=False, replans=0, loop_drops_outputs=False,
-            tail=SimpleNamespace(peak_bytes=0),
+            tail=SimpleNamespace(peak_bytes=0), unpinned_baseline=False,
         )  # fmt: skip
         self.reports.append(report)
         return SimpleNamespace(target=target)
