@@ -303,7 +303,14 @@ class Region:
                     return
             # The room left in the step is too small for this region alone: plan it as tight as it goes,
             # and let the runtime evict what is live outside it.
-            self._compiled = self._compile_with(floor, example_inputs, tail, codegen, measure_on=measure_on)
+            try:
+                self._compiled = self._compile_with(floor, example_inputs, tail, codegen, measure_on=measure_on)
+            except BudgetError as again:
+                # The floor moved: the plan at the first floor measured above it and named its own (verify.py).
+                if again.smallest_feasible_bytes is None or again.smallest_feasible_bytes <= floor:
+                    raise
+                floor = again.smallest_feasible_bytes
+                self._compiled = self._compile_with(floor, example_inputs, tail, codegen, measure_on=measure_on)
             if floor > step_budget:
                 # Not even a step holding nothing else runs this region's plan. Run it as tight as it goes under the
                 # runtime, which can run its parts op by op and evict inside them (the eager DTR path: an unrolled
