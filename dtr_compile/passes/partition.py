@@ -112,7 +112,7 @@ class PlanReport:
     from_cache: bool = False  # read from the plan cache: not planned (and, under Inductor, not measured) again
     times: CompileTimes = field(default_factory=CompileTimes)  # the region's first call so far (shared per region)
     baseline_plan: Plan | None = None  # the no-remat schedule's plan (what `no_remat` models)
-    # Where `no_remat` models torch.compile's own partition as Inductor compiles it, unpinned (`baseline_model`): the
+    # Where `no_remat` models torch.compile's own partition as Inductor compiles it, unpinned (`baseline_runs_unpinned`): the
     # same schedule's peak under the plans' own model (a fraction of the budget is of it)
     pinned_no_remat_bytes: int | None = None
 
@@ -179,8 +179,8 @@ def plan_model(memory_model: str | None, codegen: str) -> str:
     return memory_model or (INDUCTOR_PLAN_MODEL if codegen == "inductor" else "exact")
 
 
-def baseline_model(model_name: str, codegen: str, keep: frozenset[str] | None) -> bool | str:
-    """The `inductor` argument that models the no-remat schedule (`PlanReport.no_remat`) as it will run.
+def baseline_runs_unpinned(model_name: str, codegen: str, keep: frozenset[str] | None) -> bool:
+    """Is the no-remat schedule (`PlanReport.no_remat`) modelled apart from the plans, with every pointwise op inlined?
 
     Under Inductor with the min-cut start (`keep` given), a plan that recomputes nothing beyond torch.compile's own
     partition runs that partition, compiled by Inductor as torch.compile compiles it: nothing is pinned
@@ -191,10 +191,18 @@ def baseline_model(model_name: str, codegen: str, keep: frozenset[str] | None) -
     4096 x 2048 logits: 96.0 MiB modelled, 32.05 measured; the full model 32.06), so a loss region named a floor of
     three times what it runs in. On the CPU stand-in's GPT-2 and Llama regions the full model is within 0.6% of the
     measured peak (156.4 and 186.2 MiB modelled, 155.5 and 187.2 measured; fused-recompute 160.4 and 186.2)."""
-    inductor = model_flag(model_name)
-    if codegen == "inductor" and model_name == FUSED_RECOMPUTE and keep is not None:
-        return True
-    return inductor
+    return codegen == "inductor" and model_name == FUSED_RECOMPUTE and keep is not None
+
+
+def _no_remat_peaks(
+    graph: fx.Graph, num_fwd_outputs: int, inductor: bool | str, unpinned: bool
+) -> tuple[PeakModel, PeakModel]:
+    """(no_remat, pinned): the no-remat schedule `graph` modelled as it runs (`baseline_runs_unpinned`), and as the
+    plans' own model gives it, which fractions of the budget resolve against."""
+    pinned = graph_peak(graph, num_fwd_outputs=num_fwd_outputs, inductor=inductor)
+    if not unpinned:
+        return pinned, pinned
+    return graph_peak(graph, num_fwd_outputs=num_fwd_outputs, inductor=True), pinned
 
 
 def aim_for(device_type: str) -> float:
@@ -273,10 +281,8 @@ def replay_joint(
     annotate_costs(joint, mode=cost_mode, codegen=codegen)
     baseline = plan_cache.plan_from_data(joint, entry["baseline"])
     baseline_gm = emit_plan(joint, baseline, num_fwd_outputs=num_fwd_outputs)
-    no_remat = pinned = schedule_peak(baseline_gm, num_fwd_outputs=num_fwd_outputs, inductor=inductor)
     unpinned = entry.get("unpinned_baseline", False)
-    if unpinned:
-        no_remat = schedule_peak(baseline_gm, num_fwd_outputs=num_fwd_outputs, inductor=True)
+    no_remat, pinned = _no_remat_peaks(baseline_gm.graph, num_fwd_outputs, inductor, unpinned)
     if entry["plan"] is None:
         plan, planned, peak = baseline, baseline_gm, no_remat
     else:
@@ -331,10 +337,8 @@ def _plan_joint(
     annotate_costs(joint, mode=cost_mode, codegen=codegen)
     baseline = plan_schedule(joint, None, num_fwd_outputs=num_fwd_outputs, keep=keep, inductor=inductor)
     baseline_graph = emit_graph(joint, baseline, num_fwd_outputs=num_fwd_outputs)  # a GraphModule only if it runs
-    no_remat = pinned = graph_peak(baseline_graph, num_fwd_outputs=num_fwd_outputs, inductor=inductor)
-    unpinned = baseline_model(model_name, codegen, keep) is not inductor
-    if unpinned:
-        no_remat = graph_peak(baseline_graph, num_fwd_outputs=num_fwd_outputs, inductor=True)
+    unpinned = baseline_runs_unpinned(model_name, codegen, keep)
+    no_remat, pinned = _no_remat_peaks(baseline_graph, num_fwd_outputs, inductor, unpinned)
     # A fraction is of the peak the plans' own model gives the no-remat schedule (the pinned one, at or above what
     # torch.compile's partition measures: 1.0 always runs it), as before the unpinned model existed.
     budget_bytes = resolve_budget(budget, pinned.peak_bytes)
@@ -378,7 +382,7 @@ def _plan_joint(
         smallest = math.ceil(floor / model_scale)  # in the user's terms
         if unpinned:
             # torch.compile's own partition, which recomputes nothing more, may run below every pinned plan
-            # (`baseline_model`): then it sets the floor, at its measured peak once it has one.
+            # (`baseline_runs_unpinned`): then it sets the floor, at its measured peak once it has one.
             baseline_floor = baseline_measured_bytes or math.ceil(no_remat.peak_bytes / model_scale)
             smallest = min(smallest, baseline_floor)
         error = BudgetError(

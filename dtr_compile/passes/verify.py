@@ -208,7 +208,7 @@ def compile_within_budget(
     if measured is None:  # nothing to run it on: held by the model
         return compiled
     used = measured >= BAND * budget or report.planned_peak is report.no_remat
-    if report.planned_peak is report.no_remat:
+    if report.unpinned_baseline:
         partitioner.baseline_measured = (partitioner.structure, measured)  # decides for it when planning again
     if measured <= budget and used:
         return run.keep(compiled, report)

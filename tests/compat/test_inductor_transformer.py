@@ -28,7 +28,7 @@ def test_inductor_trains_a_small_transformer_under_a_budget() -> None:
     # Inductor's memory, trusted at most MAX_SCALE x the budget. The measured peak is what must hold (below).
     assert report.planned_peak.peak_bytes <= report.target_bytes <= MAX_SCALE * report.budget_bytes
     # The budget binds: something is recomputed, and the plan models below the no-remat schedule by the plans' own
-    # (pinned) model. `no_remat` models torch.compile's partition as Inductor runs it, unpinned (partition.baseline_model).
+    # (pinned) model. `no_remat` models torch.compile's partition as Inductor runs it, unpinned (partition.baseline_runs_unpinned).
     assert report.plan.recompute_s > 0
     assert report.planned_peak.peak_bytes < (report.pinned_no_remat_bytes or report.no_remat.peak_bytes)
     assert measured <= 1.05 * report.budget_bytes, (measured, report.budget_bytes)

@@ -4,7 +4,7 @@ in the memory Inductor's code takes, from its first step.
 Inductor fuses a cross-entropy's backward (`nll_loss_backward` into `_log_softmax_backward_data`) into one kernel:
 one logits-sized buffer, the gradient. Two things charged it three: the FX code of a region's first step, which runs
 each op on its own, and the plans' memory model, which counts each link of a backward chain as a buffer because a
-pinned plan stores it (partition.baseline_model). A budget of twice the logits then raised a BudgetError naming
+pinned plan stores it (partition.baseline_runs_unpinned). A budget of twice the logits then raised a BudgetError naming
 three. Inductor compiles of a few seconds each (small logits)."""
 
 from __future__ import annotations
