@@ -277,6 +277,9 @@ class Engine:
             if storage.producer is None:
                 raise ValueError(f"{name}: a constant cannot be consumed in place (storage #{storage.sid})")
             self._mark_evicted(storage)
+            if storage.handles <= 0:
+                for window in self.windows:
+                    window.died(storage)
         for nbytes in out_sizes:
             out = self._new_storage(nbytes, op, pinned=pinned_outputs, counted=True)
             self.add_handle(out)
@@ -320,6 +323,9 @@ class Engine:
             self._held.pop(storage.sid, None)
             if storage.handles == 0 and storage.eq is not None:
                 storage.eq.root().live -= 1
+            if not storage.resident:
+                for window in self.windows:
+                    window.died(storage)
             if storage.locks == 0:
                 self._free_if_dead(storage)
 

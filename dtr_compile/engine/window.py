@@ -18,13 +18,14 @@ class MemoryWindow:
     """Bytes of storages born since the window opened: now (`memory`), at most (`peak`), and the bytes of
     older storages freed as dead meanwhile (`dropped`)."""
 
-    __slots__ = ("dropped", "first_sid", "memory", "peak")
+    __slots__ = ("dropped", "evicted", "first_sid", "memory", "peak")
 
     def __init__(self, first_sid: int) -> None:
         self.first_sid = first_sid
         self.memory = 0
         self.peak = 0
         self.dropped = 0
+        self.evicted: set[int] = set()  # older storages evicted in the window while still held (ids)
 
     def allocated(self, storage: Storage) -> None:
         if storage.sid >= self.first_sid:
@@ -35,6 +36,17 @@ class MemoryWindow:
         if storage.sid >= self.first_sid:
             self.memory -= storage.nbytes
         elif dead:
+            self.dropped += storage.nbytes
+        else:
+            self.evicted.add(storage.sid)
+
+    def died(self, storage: Storage) -> None:
+        """The program let go of `storage` after it was evicted: an older one evicted in this window was dropped
+        as well. A compiled backward frees the saved inputs it was handed (runtime/compiled_ops.py: consumed, an
+        eviction); the logits a loss compiled in its own graph saved were dropped that way, and the tail of the
+        model's region counted them held through its backward."""
+        if storage.sid in self.evicted:
+            self.evicted.discard(storage.sid)
             self.dropped += storage.nbytes
 
     def running(self, transient_bytes: int) -> None:

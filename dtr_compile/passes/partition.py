@@ -112,8 +112,8 @@ class PlanReport:
     from_cache: bool = False  # read from the plan cache: not planned (and, under Inductor, not measured) again
     times: CompileTimes = field(default_factory=CompileTimes)  # the region's first call so far (shared per region)
     baseline_plan: Plan | None = None  # the no-remat schedule's plan (what `no_remat` models)
-    # Where `no_remat` models torch.compile's own partition as Inductor compiles it, unpinned (`baseline_runs_unpinned`): the
-    # same schedule's peak under the plans' own model (a fraction of the budget is of it)
+    # Where `no_remat` models torch.compile's own partition as Inductor compiles it, unpinned
+    # (`baseline_runs_unpinned`): the same schedule's peak under the plans' own model (a fraction of the budget is of it)
     pinned_no_remat_bytes: int | None = None
 
     @property
@@ -122,6 +122,12 @@ class PlanReport:
         partitioner put one on the joint graph's tangents, else the assumed one."""
         tangents = tangent_placeholders(self.joint.graph)
         return assumed_tail(tangents, tangent_bytes(tangents))
+
+    @property
+    def least_tail(self) -> bool:
+        """Was this plan made with the least tail (storage.LEAST_TAIL), a first step's stand-in for a tail no step
+        has measured, where the assumed one left the budget no plan?"""
+        return any(t.meta.get(LEAST_TAIL_META_KEY) for t in tangent_placeholders(self.joint.graph))
 
     @property
     def unpinned_baseline(self) -> bool:

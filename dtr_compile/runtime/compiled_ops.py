@@ -129,13 +129,14 @@ class CompiledPart:
             runtime.tails.backward_begins(tail_of[0], self._unseen_tangent_bytes(runtime, args))
         if self.on_call is not None:
             self.on_call(runtime)
+        held_bytes = int(self.footprint.new_bytes * self.footprint.scale(args))  # args: emptied by the call
         try:
             results = self._run(runtime, args)
         except BaseException:
             runtime.failed = True
             raise
         if tail_of is not None and tail_of[1] == "forward":
-            runtime.tails.forward_returned(tail_of[0])
+            runtime.tails.forward_returned(tail_of[0], held_bytes)
         return results
 
     def _unseen_tangent_bytes(self, runtime: RuntimeInterface, args: list[Any]) -> int:

@@ -206,7 +206,7 @@ class Runtime:
         # The budget bounds what the step allocates above what was live when it began.
         self._step_start_memory = self.engine.memory
         self.engine.peak = self.engine.memory
-        self.tails.begin_step()
+        self.tails.begin_step(budget)
         self.engine.budget_bytes = None if budget is None else budget + self._step_start_memory
         if self.recorder is not None:
             self.recorder.begin_step()
