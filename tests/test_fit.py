@@ -57,6 +57,32 @@ def test_dtr_fits_a_larger_batch_than_no_remat_and_every_peak_is_within_the_limi
         assert all(t.peak_bytes is None or t.peak_bytes > limit or t.error for t in over), over
 
 
+@pytest.mark.parametrize(("resolution", "largest", "untried"), [(0.0, 21, None), (0.1, 20, 21)])
+def test_the_search_finds_the_exact_largest_batch_unless_told_a_resolution(
+    monkeypatch: pytest.MonkeyPatch, resolution: float, largest: int, untried: int | None
+) -> None:
+    """Doubling to 32, then bisection: 24 and 22 fail, 20 fits. By default 21 is tried too (it fits); at a 10%
+    resolution it is left untried and the result says so. The search once stopped at 10% on its own: GPT-2's fit with
+    Inductor reported 20 for dtr where 21 fits (CPU stand-in). Trials stand in for the steps: nothing is compiled."""
+    tried: list[int] = []
+
+    def trial(method, model, make_batch, batch, limit, compiler, device) -> fit_module.Trial:
+        tried.append(batch)
+        return fit_module.Trial(batch, batch <= 21, 1000 * batch if batch <= 21 else None)
+
+    monkeypatch.setattr(fit_module, "try_batch", trial)
+    result = fit_module.largest_batch("dtr", None, None, 10**6, "fx", torch.device("cpu"), 4096, resolution)
+    assert result.largest_batch == largest and result.peak_bytes == 1000 * largest, result
+    assert tried[:6] == [1, 2, 4, 8, 16, 32] and (21 in tried) == (untried is None), tried
+    assert (f"{untried} untried" in result.note) if untried else not result.note, result.note
+
+
+def test_a_resolution_outside_zero_to_one_is_refused() -> None:
+    model, make_batch = build()
+    with pytest.raises(ConfigError, match="--resolution"):
+        fit(model, make_batch, 400_000, methods=("none",), resolution=1.5)
+
+
 def test_the_table_names_every_method_and_the_ratio_to_no_remat() -> None:
     none = fit_module.MethodResult("none", largest_batch=8, peak_bytes=100, samples_per_s=80.0)
     dtr = fit_module.MethodResult("dtr", largest_batch=24, peak_bytes=99, samples_per_s=72.0)
