@@ -94,7 +94,7 @@ class Explanation:
 
 def _tail_line(report: PlanReport) -> str:
     """What the plan leaves room for between its forward and backward (the loss: passes/storage.Tail)."""
-    from .passes.storage import LEAST_TAIL_META_KEY, TAIL_META_KEY, StorageMap, assumed_tail, tangent_placeholders
+    from .passes.storage import TAIL_META_KEY, StorageMap, assumed_tail, tangent_placeholders
 
     graph = report.planned.graph
     tangents = tangent_placeholders(graph)
@@ -102,7 +102,7 @@ def _tail_line(report: PlanReport) -> str:
     tangent_bytes = sum(storages.info[k].nbytes for t in tangents for k in storages.keys[t])
     tail = assumed_tail(tangents, tangent_bytes)
     how = "measured by a step" if any(TAIL_META_KEY in t.meta for t in tangents) else "assumed"
-    if any(t.meta.get(LEAST_TAIL_META_KEY) for t in tangents):
+    if report.least_tail:
         how = "the least, until a step measures it: the assumed one left the budget no plan"
     return (
         f"loss tail ({how}): {format_bytes(tail.peak_bytes)} at most after the forward, "

@@ -276,10 +276,7 @@ class Engine:
         for storage in consumes:
             if storage.producer is None:
                 raise ValueError(f"{name}: a constant cannot be consumed in place (storage #{storage.sid})")
-            self._mark_evicted(storage)
-            if storage.handles <= 0:
-                for window in self.windows:
-                    window.died(storage)
+            self._mark_evicted(storage, dead=storage.handles <= 0)
         for nbytes in out_sizes:
             out = self._new_storage(nbytes, op, pinned=pinned_outputs, counted=True)
             self.add_handle(out)

@@ -129,13 +129,15 @@ class CompiledPart:
             runtime.tails.backward_begins(tail_of[0], self._unseen_tangent_bytes(runtime, args))
         if self.on_call is not None:
             self.on_call(runtime)
-        held_bytes = int(self.footprint.new_bytes * self.footprint.scale(args))  # args: emptied by the call
+        ends_forward = tail_of is not None and tail_of[1] == "forward"
+        # What the forward leaves held, read before the call empties `args` (tails.LIGHT)
+        held_bytes = int(self.footprint.new_bytes * self.footprint.scale(args)) if ends_forward else 0
         try:
             results = self._run(runtime, args)
         except BaseException:
             runtime.failed = True
             raise
-        if tail_of is not None and tail_of[1] == "forward":
+        if ends_forward:
             runtime.tails.forward_returned(tail_of[0], held_bytes)
         return results
 
