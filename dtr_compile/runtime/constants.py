@@ -161,6 +161,17 @@ class ConstantRegistry:
             if tensor is not None:
                 yield tensor
 
+    def mutation_needs_no_record(self, key: int) -> bool:
+        """Could the outside tensor on torch storage `key` be written in place with nothing kept or counted?
+        True when no recorded op that may be rerun reads it (`before_mutation` would keep no snapshot) and no
+        owner refills its bytes (whose gathers the registry counts)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return self.owner is None
+        if self.owner is not None:
+            return False
+        return not any(_may_be_recomputed(op) for op in list(entry.consumers))
+
     def before_mutation(self, storage: Storage, op_has_fresh_outputs: bool) -> Storage | None:
         """`storage` (a constant) is about to be mutated in place: keep its old value where needed.
 

@@ -28,6 +28,7 @@ from .interface import RuntimeInterface
 from .operations import Inputs, record_outputs
 from .recipe import Recipe, RngState
 from .rng_memory import hold_rng_state
+from .values import storage_key
 from .workspace import workspace_bytes
 
 
@@ -63,6 +64,8 @@ class DTRMode(TorchDispatchMode):
                 runtime.backward_began()
             if runtime.on_backward is not None:
                 runtime.on_backward(runtime)  # the first op of a backward pass (an implicit step ends with it)
+            if func is _ADD_IN_PLACE and runtime.recorder is None and _sums_into_outside(runtime, args, kwargs):
+                return func(*args, **(kwargs or {}))
         try:
             return run_call(runtime, func, args, kwargs or {})
         except BaseException:
@@ -96,6 +99,32 @@ for _hop in (rng_prims.run_and_save_rng_state, rng_prims.run_with_rng_state):
 # shares its storage, which a rematerialization refills in place), only a handle on the storage. An operation
 # log records every call, so with a recorder they take the generic path.
 _ALIAS_OPS = frozenset({torch.ops.aten.detach.default, torch.ops.aten.alias.default})
+
+
+# A backward summing a parameter's gradient into its `.grad` (a loop that does not set gradients to None between
+# steps: the autograd engine adds in place, once per parameter per step). It writes only an outside tensor and
+# allocates nothing, so the generic path would record nothing and make no room: it only spent 50-100 us a call on
+# finding that out (about 10 ms a step for a 100-parameter model on CPU).
+_ADD_IN_PLACE = torch.ops.aten.add_.Tensor
+
+
+def _sums_into_outside(rt: RuntimeInterface, args: tuple, kwargs: dict | None) -> bool:
+    """May `add_(target, gradient)` run with no bookkeeping? Its target is an outside tensor whose old value no
+    recorded op may need (so no snapshot), and its other tensor argument, if of this step, is resident."""
+    if kwargs and kwargs.keys() - {"alpha"}:
+        return False
+    if len(args) != 2 or not isinstance(args[0], torch.Tensor):
+        return False
+    target, other = args
+    index = rt.index
+    key = storage_key(target)
+    if index.lookup_key(key) is not None or not rt.constants.mutation_needs_no_record(key):
+        return False
+    if isinstance(other, torch.Tensor):
+        storage = index.lookup(other)
+        if storage is not None and not storage.resident:
+            return False
+    return True
 
 
 def _alias(rt: RuntimeInterface, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:

@@ -155,3 +155,46 @@ def test_gradients_accumulated_into_existing_grads_across_steps_match_eager_with
     assert runtime.stats().evictions > 0
     for got, want in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_summing_into_existing_grads_takes_the_short_path_and_counts_nothing(monkeypatch) -> None:
+    """Each parameter's `.grad += gradient` of a step without `zero_grad` runs with no engine bookkeeping (it
+    allocates nothing and writes only an outside tensor no recorded op reads): the generic path is never entered
+    for it, and nothing of either step stays counted in the engine."""
+    from dtr_compile.runtime import dispatch
+
+    model = mlp()
+    runtime = dtr_compile.runtime.enable(memory_budget=8 * 2048 * 64 * 4)
+    generic_adds = []
+    run_call = dispatch.run_call
+
+    def counting(rt, func, args, kwargs):  # type: ignore[no-untyped-def]
+        if func is torch.ops.aten.add_.Tensor:
+            generic_adds.append(func)
+        return run_call(rt, func, args, kwargs)
+
+    monkeypatch.setattr(dispatch, "run_call", counting)
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        with runtime:
+            mlp_step(model).backward()
+    assert generic_adds == []
+    assert runtime.engine.memory == 0  # nothing of either step is left counted
+
+
+def test_a_grad_a_recorded_forward_op_read_is_not_written_on_the_short_path() -> None:
+    """The short path's guard: an outside tensor that a recorded op of the forward read (and may rerun) needs its
+    old value kept before an in-place write, so its sum goes the generic way (which keeps a snapshot)."""
+    from dtr_compile.runtime.runtime import current_step
+    from dtr_compile.runtime.values import storage_key
+
+    read = torch.randn(N)
+    unread = torch.randn(N)
+    x = torch.randn(N, requires_grad=True)
+    runtime = dtr_compile.runtime.enable(memory_budget=64 * N * 4)
+    with runtime:
+        y = (x * read).tanh()
+        constants = current_step().constants
+        assert not constants.mutation_needs_no_record(storage_key(read))
+        assert constants.mutation_needs_no_record(storage_key(unread))
+        y.sum().backward()
