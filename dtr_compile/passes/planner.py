@@ -62,7 +62,7 @@ from torch import fx
 from .blocks import Block, boundaries, find_chain, sac_saves
 from .chain_plan import plan_chain
 from .plan_state import PlanState
-from .schedule import Emitted, Infeasible, JointFacts, Trace, Version, build_trace, simulate
+from .schedule import Emitted, Infeasible, JointFacts, Simulation, Trace, Version, build_trace, simulate
 
 __all__ = ["Emitted", "Plan", "Version", "plan_schedule"]
 
@@ -101,6 +101,7 @@ class _Search:
         self.position = facts.position
         self.banned: set[Decision] = set()
         self.compound = False  # second phase of the search: compound drops and earlier bursts (see run)
+        self._suffix_cache: tuple[Simulation, list[int]] | None = None  # see _forward_suffix_max
         state = self.evaluate(initial, frozenset())
         if state is None:
             raise ValueError("the starting partition needs a value that cannot be recomputed")
@@ -342,11 +343,16 @@ class _Search:
         """Spend the memory left under `budget` on saving again what is dearest to recompute.
 
         The search only ever drops values, and it starts from the min-cut partition, which recomputes cheap
-        values whatever the budget. Once the budget is met, each dropped value, dearest recompute per byte
-        first, is saved again when the plan then still fits and recomputes less (an exact ILP found the
-        search recomputing 1.94x the optimum's time on a residual block, from min-cut's recomputes alone);
-        then each split recompute, fewest recomputes first, is merged back the same way."""
+        values whatever the budget. Once the budget is met, each split recompute, fewest recomputes first, is
+        merged back when the plan then still fits and recomputes less; then each dropped value, dearest recompute
+        per byte first, is saved again the same way (an exact ILP found the search recomputing 1.94x the
+        optimum's time on a residual block, from min-cut's recomputes alone). Splits first: a split recomputes a
+        value once more for each later use, and merging them back is where most of the recompute goes (an
+        unrolled LSTM of 3,252 nodes: 586 ms of modelled recompute to 17.9 in 43 tries; saving values again
+        first took 207 tries to reach 583, and the splits after it 67 more to reach 21.1)."""
         state = self.state
+        splits = sorted(state.forget, key=lambda item: (item[1], self.position[item[0]]))
+        state = self._fill_pass(state, splits, budget, lambda s, group: (s.dropped, s.forget - set(group), s.hoist))
         rows = []
         for node in state.dropped:
             freed = sum(self.facts.nbytes[k] for k in self.facts.own[node])
@@ -358,32 +364,109 @@ class _Search:
             [node for _, _, node in rows],
             budget,
             lambda s, group: (s.dropped - set(group), s.forget, s.hoist),
+            self._saved_again_lower_bound,
         )
-        splits = sorted(state.forget, key=lambda item: (item[1], self.position[item[0]]))
-        state = self._fill_pass(state, splits, budget, lambda s, group: (s.dropped, s.forget - set(group), s.hoist))
         self.state = state
         return state
 
-    def _fill_pass(self, state: PlanState, items: list[Any], budget: int, undo: Callable) -> PlanState:
+    def _fill_pass(
+        self,
+        state: PlanState,
+        items: list[Any],
+        budget: int,
+        undo: Callable,
+        lower_bound: Callable[[PlanState, list[Any]], int | None] | None = None,
+    ) -> PlanState:
         """Undo `items` in order while the plan fits `budget` and recomputes less.
 
         Each evaluation simulates the whole schedule, so undoing items one by one cost one simulation per
         dropped value: quadratic in the graph, 37 of a 58 s compile on an unrolled LSTM of 1,780 nodes (and
         minutes at 3x the length). Runs of accepted items are undone in growing groups (a prefix of the
-        dearest values usually fits together), and the pass stops after FILL_PATIENCE rejections in a row:
-        past that point the budget is spent (on that LSTM, 3 of 77 acceptances came later)."""
+        dearest values usually fits together); a rejected group is halved until the item that does not fit is
+        found, which is skipped, and the pass goes on at the pace it had (an unrolled LSTM's 351 splits: 86 tries
+        where restarting at one item each time took 129). The pass stops after FILL_PATIENCE rejections in a
+        row: past that point the budget is spent (on that LSTM, 3 of 77 acceptances came later).
+        `lower_bound` (state, group): a peak the plan with `group` undone cannot go below, read off the current
+        simulation; a group it puts above the budget is rejected as the simulation would reject it, without
+        simulating (a transformer's fill, whose peak is where the loss runs, rejects most groups so)."""
         i, group_size, misses = 0, 1, 0
+        pace = 1  # the largest group undone since the last item that did not fit
+        bad_end: int | None = None  # a rejected group ended here: the item that does not fit is before it
         while i < len(items) and misses < FILL_PATIENCE:
             group = items[i : i + group_size]
-            new = self.evaluate(*undo(state, group), fitting=(budget, state.trace.recompute_s))
+            bound = lower_bound(state, group) if lower_bound is not None else None
+            if bound is not None and bound > budget:
+                new = None
+            else:
+                new = self.evaluate(*undo(state, group), fitting=(budget, state.trace.recompute_s))
             if new is not None:
                 state, i, misses = new, i + len(group), 0
-                group_size *= 2
-            elif group_size > 1:
-                group_size = 1  # retry the first of the group alone
-            else:
-                i, misses = i + 1, misses + 1
+                pace = max(pace, len(group))
+                if bad_end is not None and i < bad_end:
+                    group_size = max(1, (bad_end - i) // 2)  # bisect what is left before the rejected group's end
+                else:
+                    bad_end = None
+                    group_size = 2 * len(group)
+            elif len(group) > 1:
+                bad_end = i + len(group)
+                group_size = len(group) // 2
+            else:  # this item does not fit: past it, at the pace before it
+                i, misses, bad_end = i + 1, misses + 1, None
+                group_size, pace = pace, 1
         return state
+
+    def _saved_again_lower_bound(self, state: PlanState, nodes: list[fx.Node]) -> int | None:
+        """A peak that `state` with `nodes` saved again cannot go below, from its simulation alone.
+
+        Saving a dropped value again changes nothing in the forward but its lifetime: it stays live from where the
+        plan freed it (after its last forward read) to the forward's end, on top of what was live there. So at
+        each forward op, and where the forward has returned (the loss's tail, where a transformer's peak
+        usually is), the new plan holds at least the old memory plus the bytes of the values saved again that
+        are freed before it. None where that does not hold: a value the plan never allocates (Inductor's model
+        inlines it into its readers; realized, it may let its own inputs go earlier)."""
+        sim = state.sim
+        if not sim.complete or sim.boundary == 0:
+            return None
+        facts = self.facts
+        starts: list[tuple[int, int]] = []  # (first forward op that holds it only in the new plan, bytes)
+        for node in nodes:
+            for key in facts.own[node]:
+                nbytes = facts.nbytes.get(key, 0)
+                if nbytes == 0 or key in facts.pinned_forward or key in facts.backward_output_keys:
+                    continue
+                sim_key = (key, 0)
+                if sim_key in sim.saved:
+                    continue
+                allocated = sim.allocated.get(sim_key)
+                if allocated is None or allocated >= sim.boundary:
+                    return None
+                starts.append((max(allocated, sim.last_forward_use.get(sim_key, allocated)) + 1, nbytes))
+        if not starts:
+            return None
+        suffix = self._forward_suffix_max(sim)
+        starts.sort()
+        # Where the forward has returned, every value saved again is live, the loss's tail on top.
+        bound = sim.forward_end_peak + sum(nbytes for _, nbytes in starts)
+        added = 0
+        for start, nbytes in starts:
+            added += nbytes
+            if start < sim.boundary:
+                bound = max(bound, suffix[start] + added)
+        return bound
+
+    def _forward_suffix_max(self, sim: Simulation) -> list[int]:
+        """max(sim.timeline[p : sim.boundary]) for every forward position p, for the last simulation asked."""
+        cached = self._suffix_cache
+        if cached is not None and cached[0] is sim:
+            return cached[1]
+        boundary = sim.boundary
+        suffix = [0] * boundary
+        running = 0
+        for p in range(boundary - 1, -1, -1):
+            running = max(running, sim.timeline[p])
+            suffix[p] = running
+        self._suffix_cache = (sim, suffix)
+        return suffix
 
 
 def _is_saved(facts: JointFacts, node: fx.Node, dropped: frozenset[fx.Node]) -> bool:

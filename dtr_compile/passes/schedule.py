@@ -68,6 +68,7 @@ class JointFacts:
         self.rng_state_bytes = {n: rng_state_nbytes(n) for n in self.forward if self.cost[n].needs_rng_replay}
         self.nbytes.update({(n, RNG_STATE_INDEX): b for n, b in self.rng_state_bytes.items()})
         self.pinned_forward = {k for o in self.fwd_outputs for k in self.keys[o]}
+        self.backward_output_keys = {k for o in self.bwd_outputs for k in self.keys[o]}
         # Forward storages the backward reads: the ones a plan may save or drop (allow_saving adds more).
         self.read_by_backward = {k for b in self.backward for a in self.inputs[b] for k in self.keys[a]}
         self.savable_for_recompute: set[fx.Node] = set()  # nodes only allow_saving made savable
@@ -295,6 +296,7 @@ class Simulation:
     complete: bool = True  # False: stopped at the first op above `simulate`'s limit (peak is that op's memory)
     entries: list = field(default_factory=list, repr=False)  # storage_keys' entries in run order
     boundary: int = 0  # run positions from here on are the backward part
+    forward_end_peak: int = 0  # bytes live where the forward has returned, with the assumed tail (the loss) on top
     _reads: dict[SimKey, list[int]] | None = field(default=None, repr=False)
     _first_read: dict[SimKey, int] | None = field(default=None, repr=False)
 
@@ -569,6 +571,7 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
     saved = {key for key in last_bwd if key[0][0] in facts.is_forward and key[1] == 0}
 
     stop_above = float("inf") if limit is None else limit
+    forward_end_peak = 0
     live: set[SimKey] = set()
     memory = peak = 0
     peak_index = 0
@@ -613,6 +616,7 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
                     tangent_bytes += nbytes[k]
         # The code between forward and backward (a loss), its tangents included (storage.Tail).
         tail = assumed_tail(facts.tangents, tangent_bytes)
+        forward_end_peak = forward_end + tail.peak_bytes
         if forward_end + tail.peak_bytes > peak:
             peak, peak_index = forward_end + tail.peak_bytes, max(boundary - 1, 0)
             if peak > stop_above:
@@ -623,4 +627,6 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
         complete = False
     else:
         complete = True
-    return Simulation(timeline, peak, peak_index, last_fwd, saved, allocated, order, complete, keyed, boundary)
+    return Simulation(
+        timeline, peak, peak_index, last_fwd, saved, allocated, order, complete, keyed, boundary, forward_end_peak
+    )

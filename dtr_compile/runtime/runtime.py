@@ -394,7 +394,9 @@ class Runtime:
             warnings.warn(
                 f"memory_budget={budget} is a fraction of the no-remat peak, which this Runtime has not seen yet: "
                 "this step runs without a budget to measure it, and later steps of the same Runtime use "
-                f"{budget} of it. Reuse the Runtime across steps, or pass reference_peak_bytes=.",
+                f"{budget} of it (a model compiled with backend='dtr' measures it on its first step seen whole, "
+                "loss and backward included: its second, as the first begins inside the compile). Reuse the "
+                "Runtime across steps, or pass reference_peak_bytes=.",
                 stacklevel=4,
             )
             self._calibrating = True
