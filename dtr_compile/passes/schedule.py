@@ -617,8 +617,8 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
         # The code between forward and backward (a loss), its tangents included (storage.Tail).
         tail = assumed_tail(facts.tangents, tangent_bytes)
         forward_end_peak = forward_end + tail.peak_bytes
-        if forward_end + tail.peak_bytes > peak:
-            peak, peak_index = forward_end + tail.peak_bytes, max(boundary - 1, 0)
+        if forward_end_peak > peak:
+            peak, peak_index = forward_end_peak, max(boundary - 1, 0)
             if peak > stop_above:
                 raise _OverLimit
         memory += tail.at_backward_bytes - tangent_bytes

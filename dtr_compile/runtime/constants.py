@@ -67,6 +67,10 @@ class ConstantEntry:
         # per op (values are immutable until a mutation snapshot moves them, which clears this cache).
         self.values: dict[int, tuple[weakref.ref, TensorValue]] = {}
 
+    def old_value_may_be_read(self) -> bool:
+        """Could a recorded op that reads this tensor still be rerun (and so need its value as it is now)?"""
+        return any(_may_be_recomputed(op) for op in list(self.consumers))
+
 
 class ConstantRegistry:
     """Maps outside tensors to pinned engine storages, keyed by the address of their storage."""
@@ -170,7 +174,7 @@ class ConstantRegistry:
             return self.owner is None
         if self.owner is not None:
             return False
-        return not any(_may_be_recomputed(op) for op in list(entry.consumers))
+        return not entry.old_value_may_be_read()
 
     def before_mutation(self, storage: Storage, op_has_fresh_outputs: bool) -> Storage | None:
         """`storage` (a constant) is about to be mutated in place: keep its old value where needed.
@@ -186,7 +190,7 @@ class ConstantRegistry:
         if self.owner is not None and self.owner.group_of(buffer(storage).untyped) is not None:
             self._count_owner_bytes()
             return None  # the owner refills what it freed: the same values (see the module docstring)
-        if not (op_has_fresh_outputs or any(_may_be_recomputed(op) for op in list(entry.consumers))):
+        if not (op_has_fresh_outputs or entry.old_value_may_be_read()):
             return None
         old = buffer(storage)
         # The snapshot is made outside any aten call the runtime sees: count it (room made first) until the step
