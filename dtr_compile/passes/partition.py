@@ -41,7 +41,7 @@ from .paging import page_schedule
 from .peak import PeakModel, graph_peak, schedule_peak
 from .planner import Plan, paused_gc, plan_schedule
 from .realize import pin_values_before_recomputes
-from .rewrite import emit_graph, emit_plan
+from .rewrite import RECOMPUTE_META_KEY, emit_graph, emit_plan
 from .storage import (
     LEAST_TAIL,
     LEAST_TAIL_META_KEY,
@@ -473,7 +473,26 @@ def split_joint(planned: fx.GraphModule, *, num_fwd_outputs: int) -> tuple[fx.Gr
     forward, backward = _extract_fwd_bwd_modules(
         planned, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs
     )
-    return forward, without_dead_random_ops(backward)
+    return without_dead_recomputes(forward), without_dead_random_ops(backward)
+
+
+# AOTAutograd's extraction copies into the forward every op of the joint graph it can compute from the forward's
+# inputs, the plan's recomputes (tagged for the backward) included, then drops those no one reads, except the ones FX
+# counts as impure: a random op, and `_scaled_dot_product_flash_attention_for_cpu`, which takes a dropout probability.
+# So a plan that recomputes an attention block in the backward ran it in the forward as well, with every recompute
+# feeding it, only to drop the result: HF GPT-2 (4 x 128, CPU) under codegen="fx" ran 88 such ops (three attention
+# blocks from the embeddings) in each forward, and the step measured 1.056x its budget where the plan's model, which
+# has no such ops, held it. A recompute is the planner's copy of a forward op, never the program's: one the forward
+# does not read is removed.
+def without_dead_recomputes(forward: fx.GraphModule) -> fx.GraphModule:
+    """`forward` without the recomputed ops it does not read, random or not."""
+
+    def is_impure(node: fx.Node) -> bool:
+        return RECOMPUTE_META_KEY not in node.meta and node.is_impure()
+
+    if forward.graph.eliminate_dead_code(is_impure_node=is_impure):
+        forward.recompile()
+    return forward
 
 
 # AOTAutograd's extraction copies into the backward every forward op that the saved values can compute, then drops
