@@ -347,8 +347,14 @@ class Region:
         self._provisional_step = _step_id(current_step() or STEPS.here.runtime) if self._provisional else None
 
     def _codegen_for(self, key: Hashable) -> str:
-        """ "fx" for a plan only the first step runs: made for a tail no step has measured (so it is planned again
-        when the step ends), in a step that can have a backward, with Inductor asked for. Else the region's own.
+        """ "fx" for a plan only the first step under a budget runs, in a step that can have a backward, with Inductor
+        asked for: the plan is made again when that step ends, for the tail it measured, and Inductor's code of it is
+        measured as it compiles (`_replan_with_measured_tail`). Else the region's own.
+
+        Also when the tail was measured before any budget was known (a fractional budget: the steps that calibrate it
+        measure the tail too). Compiled at once with Inductor, that plan was never measured: HF T5 (4 x 128, CPU) at
+        0.6 ran Inductor's code, which holds more than the plan's model, as one operation the runtime made room for
+        by the model, and the step measured 1.097x its budget.
 
         A region that returns only scalars (a loss computed in its own graph, as transformers computes a causal LM's
         after a graph break) has no tail to measure: the code after it holds the loss until its backward, which the
@@ -356,10 +362,7 @@ class Region:
         cross-entropy's backward unfused, three logits-sized buffers where Inductor's code allocates one, and the
         step would have made room for those (evicting the model's saved values) and measured them as the tail of
         the region before it."""
-        first_step_plan = (
-            key[0] == "step" and len(key) > 2 and key[2] is None  # type: ignore[index]
-            and not self._tail_decided and not self._first_step_over
-        )  # fmt: skip
+        first_step_plan = key[0] == "step" and len(key) > 2 and not self._first_step_over  # type: ignore[index]
         if (
             self.codegen == "inductor"
             and first_step_plan
