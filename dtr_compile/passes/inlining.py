@@ -45,8 +45,12 @@ FUSED_RECOMPUTE = "fused_recompute"
 #   allocated through the next block's attention backward until its own recompute: on the CPU stand-in Llama
 #   (8 x 256) six 4 MiB buffers, 76.8 MiB measured for 62.0 modelled; 66.1 without reuse, at the same step time.
 #   The memory model frees each value after its last reader, as the code then does; on a GPU the caching allocator
-#   reuses the freed blocks.
-PLANNED_PART_SETTINGS = {"reorder_for_peak_memory": False, "allow_buffer_reuse": False}
+#   reuses the freed blocks;
+# - no in-place buffers (a kernel writing its output over an input it reads last): with them, Inductor's C++ code of
+#   HF T5's plan at 0.6 (4 x 128, CPU, torch 2.13) returned a wrong gradient for the first encoder and decoder blocks'
+#   `DenseReluDense.wo.weight` (relative error 1.0, every step), where the same planned graphs run as FX code, or
+#   compiled without in-place buffers or without fusion, gave eager's. The memory model never counted that reuse.
+PLANNED_PART_SETTINGS = {"reorder_for_peak_memory": False, "allow_buffer_reuse": False, "inplace_buffers": False}
 
 # Inductor stops inlining (stores the value) once an inlined chain reads more than this many buffers
 # (`realize_acc_reads_threshold`, 8; 12 on CPU); the model uses the smaller one.
