@@ -15,6 +15,8 @@ measured 1.056 x its budget).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch._functorch.aot_autograd import aot_function
@@ -29,7 +31,8 @@ def _two_dropout_layers(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> 
     return (h @ w2.t()).square()
 
 
-def _compile_planned(fn, budget: float, *inputs: torch.Tensor) -> tuple[dict[str, torch.fx.GraphModule], object]:
+def _compile_planned(fn, budget: float, *inputs: torch.Tensor) -> tuple[dict[str, torch.fx.GraphModule], Any]:
+    """Compile `fn` with a plan for `budget` (FX code), run one step; the forward and backward graphs, the plan."""
     graphs: dict[str, torch.fx.GraphModule] = {}
 
     def keep(name: str):
@@ -71,25 +74,11 @@ def test_a_planned_forward_runs_none_of_the_plans_recomputes() -> None:
 
 @pytest.mark.parametrize("budget", [0.9, 0.8])
 def test_a_planned_backward_runs_only_the_plans_backward_ops(budget: float) -> None:
-    graphs: dict[str, torch.fx.GraphModule] = {}
-
-    def keep(name: str):
-        def compiler(gm: torch.fx.GraphModule, _inputs):
-            graphs[name] = gm
-            return gm
-
-        return compiler
-
-    partitioner = DTRPartitioner(budget, codegen="fx")
-    compiled = aot_function(
-        _two_dropout_layers, fw_compiler=keep("forward"), bw_compiler=keep("backward"), partition_fn=partitioner
-    )
     torch.manual_seed(0)
     x = torch.randn(64, 32, requires_grad=True)
     w1, w2 = torch.randn(32, 64, requires_grad=True), torch.randn(64, 64, requires_grad=True)
-    compiled(x, w1, w2).sum().backward()
+    graphs, report = _compile_planned(_two_dropout_layers, budget, x, w1, w2)
 
-    report = partitioner.reports[-1]
     assert report.partition == "planned"  # the plan's own split, not torch.compile's (a budget below no-remat)
     joint = report.fusion.graph if report.fusion is not None else report.planned
     planned = {
