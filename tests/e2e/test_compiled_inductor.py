@@ -176,7 +176,7 @@ def test_a_fractional_budget_measures_the_inductor_plan_it_runs(monkeypatch) -> 
     measured 1.097x its budget."""
     from dtr_compile.backend import region as region_module
 
-    compiles: list[tuple[str, bool]] = []
+    compiles: list[tuple[str, bool, bool]] = []  # (code generator, budgeted, measured)
     original = region_module.Region._compile_with_codegen
 
     def counting(self, budget, example_inputs, tail, codegen, measure_on=None):
