@@ -378,10 +378,20 @@ class Runtime:
         )
 
     def _fraction_hint(self, needed: int) -> str:
-        """The text ', or the fraction f' for a fractional budget (rounded up: it must cover `needed`)."""
-        if isinstance(self.memory_budget, float) and self.reference_peak_bytes:
-            return f", or the fraction {math.ceil(1000 * needed / self.reference_peak_bytes) / 1000:g}"
-        return ""
+        """The text ', or the fraction f' for a fractional budget (rounded up: it must cover `needed`). A need above
+        the no-remat peak the fraction is of names no fraction (config takes none above 1), and says so: under
+        Inductor a plan's code can hold more than the step with no budget (HF BLOOM at 0.6, CPU: its lowest plan
+        measured 9.09 MiB, the no-budget step 7.77 MiB, and the error named "the fraction 1.17"; at 1.0 it ran at 6.36
+        MiB, as a budget the no-budget step meets plans no recompute it cannot afford)."""
+        if not isinstance(self.memory_budget, float) or not self.reference_peak_bytes:
+            return ""
+        fraction = math.ceil(1000 * needed / self.reference_peak_bytes) / 1000
+        if fraction <= 1:
+            return f", or the fraction {fraction:g}"
+        return (
+            f" (more than the no-remat peak the fraction is of, {format_bytes(self.reference_peak_bytes)}, so no "
+            "fraction names it: the fraction 1.0 runs the step as with no budget)"
+        )
 
     def _resolved_budget(self) -> int | None:
         budget = self.memory_budget

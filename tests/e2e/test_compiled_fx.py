@@ -90,3 +90,35 @@ def test_byte_budget_and_config_patch() -> None:
         compiled = torch.compile(model, backend="dtr")
         _, measurement = dtr_compile.measure.measure_peak(lambda: compiled(*inputs).sum().backward())
     assert measurement.peak_bytes <= 1.05 * budget
+
+
+def test_explain_shows_the_plan_verify_kept_not_the_one_compiled_last(monkeypatch) -> None:
+    """verify.py can keep a region's first compile when a second, aimed higher, measured over the budget. The plan
+    that runs is the partitioner's last report; the region's reports and running_plans must end with it (they showed
+    the rejected plan: HF BLOOM at 1.0 under Inductor, "measured 8.28 MiB of 7.77" for a step that ran at 6.36)."""
+    import copy
+
+    from dtr_compile.backend import region as region_module
+    from dtr_compile.passes import running_plans
+
+    real = region_module.compile_region
+    kept: list = []
+
+    def second_compile_rejected(gm, example_inputs, partitioner, *, codegen, wrap, measure_on=None):
+        compiled = real(gm, example_inputs, partitioner, codegen=codegen, wrap=wrap, measure_on=measure_on)
+        if partitioner.reports:
+            first = partitioner.reports[-1]
+            partitioner.reports.append(copy.copy(first))  # a second plan, compiled ...
+            wrap(gm, "forward")
+            partitioner.reports.pop()  # ... and rejected by its measurement: the first runs
+            kept.append(first)
+        return compiled
+
+    monkeypatch.setattr(region_module, "compile_region", second_compile_rejected)
+    model, inputs = models.mlp()
+    with dtr_compile.config.patch(memory_budget=10**9, codegen="fx"):
+        torch._dynamo.reset()
+        torch.compile(model, backend="dtr")(*inputs).sum().backward()
+    assert kept
+    running = running_plans.running()
+    assert any(report is kept[-1] for report in running.values()), running

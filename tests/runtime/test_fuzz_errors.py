@@ -92,3 +92,14 @@ def test_a_compiled_step_over_budget_raises_from_backward_naming_a_budget_that_r
     assert peak <= named and loss == pytest.approx(ref_loss, rel=1e-5)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_need_above_the_no_remat_peak_names_no_fraction() -> None:
+    """config takes no fraction above 1, so an error must not name one (HF BLOOM under Inductor at 0.6 named "the
+    fraction 1.17": its lowest plan's code held more than the step with no budget)."""
+    runtime = dtr_compile.runtime.enable(memory_budget=0.6, reference_peak_bytes=1_000_000)
+    within = str(runtime._overrun_error(800_000))
+    above = str(runtime._overrun_error(1_170_000))
+    assert "or the fraction 0.8 " in within
+    assert "or the fraction" not in above and "the fraction 1.0 runs the step as with no budget" in above
+    assert "1170000 bytes" in above
