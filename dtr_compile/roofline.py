@@ -29,7 +29,15 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
-from .compat import size_hint
+from . import compat
+from .planned_sizes import planned_value
+
+
+def size_hint(size: Any) -> int:
+    """A size's value at the sizes a plan is made at (planned_sizes.py), else its hint, without a guard (as
+    tensor_bytes.size_hint, which this floor cannot import)."""
+    planned = planned_value(size)
+    return planned if planned is not None else compat.size_hint(size)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import torch
 
-from .compat import size_hint
+from . import compat
+from .planned_sizes import planned_value
+
+
+def size_hint(size: object, fallback: int = 4096) -> int:
+    """The number a (possibly symbolic) size stands for, without a guard: its value at the sizes a plan is made at
+    (planned_sizes.py), else its hint."""
+    planned = planned_value(size)
+    return planned if planned is not None else compat.size_hint(size, fallback)
 
 
 def tensor_nbytes(val: object) -> int:

@@ -32,8 +32,10 @@ generator's (`_codegen_for`: plain aten ops, compiled in the time it takes to pl
 when the step has ended, for the tail it measured (or the assumed one, when the two agree). A region whose first
 step ends without that (no backward: an evaluation; or the step failed) is compiled with Inductor at its next call.
 
-Dynamic shapes: Dynamo marks sizes that change between calls as symbolic and compiles once for all of them;
-the plan is made at the sizes seen when compiling (its decisions hold at every size) and the runtime makes
+Dynamic shapes: Dynamo marks sizes that change between calls as symbolic and compiles once for all of them.
+The plan is made at the largest value of each size the region has been called with (planned_sizes.py), and made
+again when a call brings a larger one: a plan's memory grows with its sizes, so a plan made for the longest batch
+holds the budget for every shorter one. The measured tail grows with the outputs to those sizes. The runtime makes
 room for each call at the actual sizes (Footprint.scale).
 """
 
@@ -58,6 +60,7 @@ from ..passes.costs import is_random
 from ..passes.meta import cost_of
 from ..passes.partition import DTRPartitioner, PlanReport
 from ..passes.storage import LEAST_TAIL, Tail
+from ..planned_sizes import SizesSeen, planned_at
 from ..runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint, device_of
 from ..runtime.implicit import STEPS
 from ..runtime.runtime import current_step
@@ -110,6 +113,9 @@ class Region:
         }
         self.codegen = config.codegen
         self.cost_mode = config.cost_mode
+        # Symbolic sizes (dynamic shapes) are planned at the largest value each has been called with: the plan is
+        # made again when a call brings a larger one (planned_sizes.py).
+        self._sizes = SizesSeen(self.example_inputs)
         # Dynamo traced the graph under the autocast state of this moment (and guards on it): a plan made after a
         # step's backward, outside the user's `torch.autocast`, must be traced under it too (`_autocast_as_traced`).
         self._autocast = _autocast_state()
@@ -118,6 +124,7 @@ class Region:
         self._compiled: Callable[..., Any] | None = None
         self._owner: Callable[[], Any] | None = None  # weak: what this region's steps belong to
         self._tail: Tail | None = None  # the measured tail it plans with (`_measured_tail`), once decided
+        self._tail_sizes: dict[Any, int] = {}  # the sizes the step that measured it ran at (dynamic shapes)
         self._tail_decided = False
         # The running code is the first step's FX code (`_codegen_for`), and the step it runs in; once the first
         # step is over (`_first_step_over`), every plan is compiled with the region's code generator. A compile at
@@ -138,15 +145,18 @@ class Region:
         if STEPS.wanted():
             STEPS.begin(self._step_owner())
         try:
-            key, budget = self._plan_budget()
+            key, budget = self._plan_budget()  # (a tail decided here was measured at the last call's sizes)
             runtime = current_step()
+            grew = self._sizes.grow(list(args))  # a size larger than the plan was made at: plan at it
+            if grew:
+                key, budget = self._plan_budget()
             stale = self._provisional and _step_id(runtime) != self._provisional_step
             if stale and self._replan_failed and runtime is not None:
                 self._provisional_step, self._replan_failed = _step_id(runtime), False  # planned when this one ends
                 stale = False
             elif stale:
                 self._first_step_over = True  # the first step ended without a backward to plan again after: now
-            if key != self._key or stale:
+            if key != self._key or stale or grew:
                 measure_on = self._stand_ins() if self._provisional else None
                 with _disable_current_modes():
                     self._compile(key, budget, self.example_inputs, measure_on)
@@ -212,10 +222,11 @@ class Region:
         logits to fp32: the assumed tail was half the measured one, each step evicted 13 MiB of saved activations in
         the loss, and the eighth could bring one back only by rerunning the whole forward, a BudgetError)."""
         if self._tail_decided:
-            return self._tail
+            return self._tail_at_planned_sizes()
         if not self.reports or not runtime.tails.decided(self.name):
             return None
         self._tail_decided = True
+        self._tail_sizes = dict(self._sizes.last)  # the step that measured it called this region at these sizes
         measured = runtime.tails.learned.get(self.name)
         if measured is None:  # it shared its step with another region (tails.py): the assumed one stays
             return None
@@ -239,7 +250,28 @@ class Region:
         # a measured tail within 4 bytes of the least one, and the assumed tail's floor plan recomputed 135 ms of it).
         if self.reports[-1].least_tail or (off > TAIL_TOLERANCE * step_budget and not on_target):
             self._tail = Tail(measured.peak_bytes, measured.at_backward_bytes)
-        return self._tail
+        return self._tail_at_planned_sizes()
+
+    def _tail_at_planned_sizes(self) -> Tail | None:
+        """The measured tail, grown with the region's outputs from the sizes of the step that measured it to those
+        the plan is made at (planned_sizes.py): the tail is mostly the loss over the outputs. With dynamic padding,
+        a tail measured at 96 tokens and planned with at 128 left the loss a quarter too little room."""
+        tail = self._tail
+        if tail is None or self._tail_sizes == self._sizes.values:
+            return tail
+        with planned_at(self._tail_sizes):
+            measured_at = self._output_bytes()
+        with planned_at(self._sizes.values):
+            planned_at_now = self._output_bytes()
+        if measured_at <= 0 or planned_at_now == measured_at:
+            return tail
+        growth = planned_at_now / measured_at
+        return Tail(int(tail.peak_bytes * growth), int(tail.at_backward_bytes * growth))
+
+    def _output_bytes(self) -> int:
+        """Bytes of the graph's outputs at the sizes `planned_at` gives (their hints outside it)."""
+        output = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
+        return sum(tensor_nbytes(node.meta.get("example_value")) for node in output.all_input_nodes)
 
     def _replan_with_measured_tail(self, runtime: Any, step_budget: int, budget: int) -> tuple[int, str] | None:
         """After a step planned for an unmeasured tail ended: this region's plan for the tail the step measured
@@ -397,10 +429,12 @@ class Region:
         measure_on: Sequence[Any] | None = None,
     ) -> Callable[..., Any]:
         codegen = codegen or self.codegen
-        if codegen != self.codegen:  # the first step's FX code runs once: no recompute kernels to compile for it
-            with config.patch(recompute_kernels="off"):
-                return self._compile_with_codegen(budget, example_inputs, tail, codegen, measure_on)
-        return self._compile_with_codegen(budget, example_inputs, tail, codegen, measure_on)
+        once = codegen != self.codegen  # the first step's FX code runs once: no recompute kernels to compile for it
+        with (
+            config.patch(recompute_kernels="off") if once else contextlib.nullcontext(),
+            planned_at(self._sizes.values),
+        ):
+            return self._compile_with_codegen(budget, example_inputs, tail, codegen, measure_on)
 
     def _compile_with_codegen(
         self,
@@ -416,11 +450,14 @@ class Region:
 
         made: list[tuple[CompiledPart, PlanReport, str]] = []
 
+        sizes = dict(self._sizes.values)  # what this plan is made at, also where AOTAutograd compiles a part later
+
         def wrap(graph: fx.GraphModule, phase: str) -> Callable[[Any], CompiledPart]:
             report = partitioner.reports[-1] if partitioner.reports and phase != "inference" else None
             if report is not None and (not self.reports or self.reports[-1] is not report):
                 self.reports.append(report)
-            finish = part_maker(graph, phase, report, self.name)
+            with planned_at(sizes):
+                finish = part_maker(graph, phase, report, self.name)
 
             def finished(inner: Any) -> CompiledPart:
                 part = finish(inner)

@@ -33,6 +33,7 @@ import torch
 from torch import fx
 
 from .. import config
+from ..tensor_bytes import size_hint
 from .planner import Emitted, Plan
 
 ENV_DIR = "DTR_COMPILE_CACHE_DIR"
@@ -76,7 +77,11 @@ def graph_structure(joint: fx.GraphModule, num_fwd_outputs: int) -> str:
 
 def _layout(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        return f"T{tuple(value.shape)}{tuple(value.stride())}{value.dtype}{value.device.type}"
+        # A symbolic size prints as its symbol: the values a plan is made at (planned_sizes.py) tell its plans apart.
+        layout = f"T{tuple(value.shape)}{tuple(value.stride())}{value.dtype}{value.device.type}"
+        if any(isinstance(size, torch.SymInt) for size in value.shape):
+            layout += f"@{tuple(size_hint(size) for size in value.shape)}"
+        return layout
     if isinstance(value, (tuple, list)):
         return "(" + ",".join(_layout(v) for v in value) + ")"
     return type(value).__name__ if value is not None else "-"
