@@ -7,6 +7,15 @@ budget the engine evicts older storages (the region's own saved values) to make 
 step's memory can stay flat while the tail grows. A window therefore counts only storages born after it
 opened (storage ids are increasing), and apart from those, the older storages the program *dropped* in it
 (freed because nothing holds them any more: outputs the loss no longer needs), which an eviction is not.
+
+Its peak is net of what was dropped before it: what the window's code holds above the window's start, as every
+consumer of a tail reads it (the memory models add it to the forward's end, the outputs held; verify.py allocates
+it there). Counted gross, a loss that lets the logits go after its log-softmax was charged them twice. Under torch
+2.11 (the lent GPUs' release) GPT-2's first step showed its loss whole, log-softmax included, and every plan above
+checkpointing's peak then measured one logits below the budget it was made for: 0.88-0.92 of it on an H200, 0.89
+on the CPU stand-in, where torch 2.13 gave 0.95-0.98. A drop seen before any allocation is not credited: under torch
+2.13 the first step begins inside TorchDynamo's frame and the loss's forward runs unseen, its log-softmax allocated
+while the logits were alive, so that the drop of the logits is the first thing the window sees.
 """
 
 from __future__ import annotations
@@ -18,25 +27,30 @@ class MemoryWindow:
     """Bytes of storages born since the window opened: now (`memory`), at most (`peak`), and the bytes of
     older storages freed as dead meanwhile (`dropped`)."""
 
-    __slots__ = ("dropped", "evicted", "first_sid", "memory", "peak")
+    __slots__ = ("allocations", "dropped", "evicted", "first_sid", "memory", "peak", "released")
 
     def __init__(self, first_sid: int) -> None:
         self.first_sid = first_sid
         self.memory = 0
-        self.peak = 0
+        self.peak = 0  # of `memory - released`: what the window holds above its start, at most
         self.dropped = 0
+        self.released = 0  # bytes of older storages dropped while resident, after the window's first allocation
+        self.allocations = 0  # storages born in the window so far
         self.evicted: set[int] = set()  # older storages evicted in the window while still held (ids)
 
     def allocated(self, storage: Storage) -> None:
         if storage.sid >= self.first_sid:
             self.memory += storage.nbytes
-            self.peak = max(self.peak, self.memory)
+            self.allocations += 1
+            self.peak = max(self.peak, self.memory - self.released)
 
     def freed(self, storage: Storage, *, dead: bool) -> None:
         if storage.sid >= self.first_sid:
             self.memory -= storage.nbytes
         elif dead:
             self.dropped += storage.nbytes
+            if self.allocations:
+                self.released += storage.nbytes
         else:
             self.evicted.add(storage.sid)
 
@@ -52,4 +66,4 @@ class MemoryWindow:
     def running(self, transient_bytes: int) -> None:
         """An operation is about to run with `transient_bytes` allocated and freed inside it (its outputs and
         workspace, before they are recorded)."""
-        self.peak = max(self.peak, self.memory + transient_bytes)
+        self.peak = max(self.peak, self.memory - self.released + transient_bytes)

@@ -104,7 +104,9 @@ class TailMeter:
         else:
             evicted = self.engine.evictions - evictions
             held = window.memory + unseen_bytes
-            self.learned[region] = MeasuredTail(max(window.peak, held), held - window.dropped, evicted)
+            self.learned[region] = MeasuredTail(
+                max(window.peak, held - window.released), held - window.dropped, evicted
+            )
 
     def decided(self, region: str) -> bool:
         """Has a step shown this region's tail (measured, or shared with another region: the assumed one stays)?"""
