@@ -29,7 +29,7 @@ _PLANNED_AT: contextvars.ContextVar[Mapping[sympy.Symbol, int] | None] = context
 
 @contextlib.contextmanager
 def planned_at(values: Mapping[sympy.Symbol, int]) -> Iterator[None]:
-    """Within: a symbolic size stands for its expression at `values` (symbols not in it: their hints)."""
+    """Within: a symbolic size whose symbols `values` all gives stands for its expression at them."""
     token = _PLANNED_AT.set(dict(values) or None)
     try:
         yield
@@ -38,23 +38,16 @@ def planned_at(values: Mapping[sympy.Symbol, int]) -> Iterator[None]:
 
 
 def planned_value(size: Any) -> int | None:
-    """The value a symbolic size takes at the planned values while `planned_at` gives one of its symbols (the rest at
-    their hints); None otherwise, and for a plain int."""
+    """The value a symbolic size takes at the planned values while `planned_at` gives all of its symbols; None
+    otherwise (the caller takes its hint), and for a plain int."""
     values = _PLANNED_AT.get()
     if values is None or not isinstance(size, torch.SymInt):
         return None
     expr = size.node.expr
     free = expr.free_symbols
-    if not free & values.keys():
+    if not free or not free <= values.keys():  # a symbol not planned for (or an unbacked one): its hint stands
         return None
-    known = size.node.shape_env.var_to_val
-    subs = {}
-    for symbol in free:
-        value = values.get(symbol, known.get(symbol))
-        if value is None:  # an unbacked symbol: nothing to put in
-            return None
-        subs[symbol] = sympy.Integer(int(value))
-    return int(expr.xreplace(subs))
+    return int(expr.xreplace({symbol: sympy.Integer(values[symbol]) for symbol in free}))
 
 
 class SizesSeen:
@@ -72,7 +65,7 @@ class SizesSeen:
                 if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
                     symbol = size.node.expr
                     self._where.append((i, dim, symbol))
-                    self.values.setdefault(symbol, int(size.node.shape_env.var_to_val[symbol]))
+                    self.values.setdefault(symbol, int(size.node.hint))
 
         self.last: dict[sympy.Symbol, int] = dict(self.values)  # the sizes of the last call
 
