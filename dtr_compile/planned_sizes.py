@@ -66,7 +66,6 @@ class SizesSeen:
                     symbol = size.node.expr
                     self._where.append((i, dim, symbol))
                     self.values.setdefault(symbol, int(size.node.hint))
-
         self.last: dict[sympy.Symbol, int] = dict(self.values)  # the sizes of the last call
 
     def grow(self, args: list[Any]) -> bool:

@@ -125,6 +125,7 @@ class Region:
         self._owner: Callable[[], Any] | None = None  # weak: what this region's steps belong to
         self._tail: Tail | None = None  # the measured tail it plans with (`_measured_tail`), once decided
         self._tail_sizes: dict[Any, int] = {}  # the sizes the step that measured it ran at (dynamic shapes)
+        self._grown_tail: tuple[Tail, dict[Any, int], Tail] | None = None  # (tail, sizes, it grown to them)
         self._tail_decided = False
         # The running code is the first step's FX code (`_codegen_for`), and the step it runs in; once the first
         # step is over (`_first_step_over`), every plan is compiled with the region's code generator. A compile at
@@ -259,14 +260,19 @@ class Region:
         tail = self._tail
         if tail is None or self._tail_sizes == self._sizes.values:
             return tail
+        cached = self._grown_tail  # every call asks (`_plan_budget`); the answer changes only when the sizes grow
+        if cached is not None and cached[0] is tail and cached[1] == self._sizes.values:
+            return cached[2]
         with planned_at(self._tail_sizes):
             measured_at = self._output_bytes()
         with planned_at(self._sizes.values):
             planned_at_now = self._output_bytes()
-        if measured_at <= 0 or planned_at_now == measured_at:
-            return tail
-        growth = planned_at_now / measured_at
-        return Tail(int(tail.peak_bytes * growth), int(tail.at_backward_bytes * growth))
+        grown = tail
+        if measured_at > 0 and planned_at_now != measured_at:
+            growth = planned_at_now / measured_at
+            grown = Tail(int(tail.peak_bytes * growth), int(tail.at_backward_bytes * growth))
+        self._grown_tail = (tail, dict(self._sizes.values), grown)
+        return grown
 
     def _output_bytes(self) -> int:
         """Bytes of the graph's outputs at the sizes `planned_at` gives (their hints outside it)."""
