@@ -149,3 +149,27 @@ def test_fusion_gap_counts_nodes_between() -> None:
     assert fusion_gap(node(4, 6), node(1, 2)) == 1
     assert fusion_gap(node(0, 1), node(10, 12)) == 8
     assert fusion_gap(node(0, 5), node(3, 9)) == 0
+
+
+def test_distant_nodes_fuse_only_as_producer_and_consumer(monkeypatch) -> None:
+    """A horizontal fusion (shared inputs only) of nodes more than MAX_HORIZONTAL_GAP apart is refused: two layers'
+    recomputed softmaxes both read the causal mask, and fused, the earlier layer's whole recompute ran at the later
+    one's place (CPU stand-in Llama: 1.23x the plan's model). A producer and its consumer still fuse up to max_gap."""
+    from torch._inductor.choices import InductorChoices
+
+    from dtr_compile.passes import fusion_guard
+
+    monkeypatch.setattr(InductorChoices, "can_fuse_vertical", lambda *args: True)
+    monkeypatch.setattr(InductorChoices, "can_fuse_horizontal", lambda *args: True)
+
+    def node(first: int, last: int) -> SimpleNamespace:
+        return SimpleNamespace(min_order=first, max_order=last)
+
+    choices = fusion_guard.PlanOrderChoices()
+    near, apart = fusion_guard.MAX_HORIZONTAL_GAP + 1, fusion_guard.MAX_HORIZONTAL_GAP + 2
+    assert choices.can_fuse_horizontal(None, node(0, 0), node(near, near), 1)
+    assert not choices.can_fuse_horizontal(None, node(0, 0), node(apart, apart), 1)
+    assert choices.can_fuse_vertical(None, node(0, 0), node(apart, apart), 1)
+    assert not choices.can_fuse_vertical(
+        None, node(0, 0), node(fusion_guard.DEFAULT_MAX_GAP + 2, fusion_guard.DEFAULT_MAX_GAP + 2), 1
+    )
