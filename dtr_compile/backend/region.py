@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import logging
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -66,8 +67,10 @@ from ..runtime.implicit import STEPS
 from ..runtime.runtime import current_step
 from ..runtime.slice_kernels import kernels_wanted, with_kernels
 from ..runtime.slices import output_slices
-from ..tensor_bytes import tensor_nbytes
+from ..tensor_bytes import size_hint, tensor_nbytes
 from .aot import boxed_fx, compile_region
+
+log = logging.getLogger(__name__)
 
 _region_ids = itertools.count()
 
@@ -138,7 +141,9 @@ class Region:
         # (the step's floor by this region's tightest plan, why) when its plan does not fit the step's budget
         self._floor_note: tuple[int, str] | None = None
         key, budget = self._plan_budget()
+        self._in_dynamo = True  # a compile Dynamo runs may restart its analysis (`_compile_with`)
         self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
+        self._in_dynamo = False
 
     def __call__(self, *args: Any) -> Any:
         _collect_compile_garbage()
@@ -158,9 +163,12 @@ class Region:
             elif stale:
                 self._first_step_over = True  # the first step ended without a backward to plan again after: now
             if key != self._key or stale or grew:
-                measure_on = self._stand_ins() if self._provisional else None
+                # Stand-ins only where verify.py will run them: outside a step (inside one they would be memory the
+                # step holds), under Inductor (FX code is exact by the model and not measured).
+                measured = runtime is None and self.codegen == "inductor" and (self._provisional or grew)
+                measure_on = self._stand_ins() if measured else None
                 with _disable_current_modes():
-                    self._compile(key, budget, self.example_inputs, measure_on)
+                    self._compile(key, budget, self.example_inputs, measure_on, grew=grew)
                 _collect_compile_garbage()
             compiled = self._compiled
             assert compiled is not None
@@ -297,25 +305,38 @@ class Region:
 
     def _stand_ins(self) -> list[Any]:
         """Inputs a plan made after the first call is compiled and measured on (passes/verify.py): the parameters
-        themselves, and a tensor of zeros (valid indices, finite values) of each other input's layout. With only the
-        fake tensors of `example_inputs`, the measurement had nothing to run, and the Inductor plan made after the
-        first step (`_codegen_for`) ran as modelled. A symbolic size keeps its fake tensor: nothing is measured."""
+        themselves, a tensor of zeros (valid indices, finite values) of each other input's layout, and each integer
+        input's value, with symbolic sizes at the values the plan is made at (planned_sizes.py). With only the fake
+        tensors of `example_inputs`, the measurement had nothing to run, and the Inductor plan made after the first
+        step (`_codegen_for`) ran as modelled: HF Llama with varying lengths (CPU stand-in, 0.6) measured 1.071x its
+        budget at its longest batch."""
         inputs: list[Any] = []
-        for i, value in enumerate(self.example_inputs):
-            parameter = self._parameters[i]() if i in self._parameters else None
-            if parameter is not None:
-                inputs.append(parameter)
-            elif _static_tensor(value):
-                with _disable_current_modes():
-                    zeros = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
-                    zeros.zero_()
-                inputs.append(zeros.requires_grad_(value.requires_grad))
-            else:
-                inputs.append(value)
+        with planned_at(self._sizes.values):
+            for i, value in enumerate(self.example_inputs):
+                parameter = self._parameters[i]() if i in self._parameters else None
+                if parameter is not None:
+                    inputs.append(parameter)
+                elif isinstance(value, torch.Tensor) and not value.is_sparse:
+                    shape = [size_hint(size) for size in value.shape]
+                    stride = [size_hint(step) for step in value.stride()]
+                    with _disable_current_modes():
+                        zeros = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
+                        zeros.zero_()
+                    inputs.append(zeros.requires_grad_(value.requires_grad))
+                elif isinstance(value, torch.SymInt):
+                    inputs.append(size_hint(value))
+                else:
+                    inputs.append(value)
         return inputs
 
     def _compile(
-        self, key: Hashable, budget: Budget, example_inputs: Sequence[Any], measure_on: Sequence[Any] | None = None
+        self,
+        key: Hashable,
+        budget: Budget,
+        example_inputs: Sequence[Any],
+        measure_on: Sequence[Any] | None = None,
+        *,
+        grew: bool = False,
     ) -> None:
         """Compile the plan for `key` on `example_inputs` (after the first call: the fake tensors Dynamo traced,
         as every compile of the region), measured on `measure_on` when given (`_stand_ins`: real tensors)."""
@@ -323,7 +344,7 @@ class Region:
         _compiled_since_collection = True
         tail = key[2] if key[0] == "step" and len(key) > 2 else None  # type: ignore[index]
         self._floor_note = None
-        codegen = self._codegen_for(key)
+        codegen = self._codegen_for(key, grew)
         try:
             self._compiled = self._compile_with(budget, example_inputs, tail, codegen, measure_on=measure_on)
         except BudgetError as error:
@@ -381,10 +402,10 @@ class Region:
         self._key = key
         if self.reports:
             running_plans.record(self.name, self.reports[-1])
-        self._provisional = codegen != self.codegen
+        self._provisional = codegen == "fx" and self.codegen == "inductor"
         self._provisional_step = _step_id(current_step() or STEPS.here.runtime) if self._provisional else None
 
-    def _codegen_for(self, key: Hashable) -> str:
+    def _codegen_for(self, key: Hashable, grew: bool = False) -> str:
         """ "fx" for a plan only the first step under a budget runs, in a step that can have a backward, with Inductor
         asked for: the plan is made again when that step ends, for the tail it measured, and Inductor's code of it is
         measured as it compiles (`_replan_with_measured_tail`). Else the region's own.
@@ -399,13 +420,19 @@ class Region:
         assumed tail counts. Its first step runs Inductor's code, planned once: FX code would have run its
         cross-entropy's backward unfused, three logits-sized buffers where Inductor's code allocates one, and the
         step would have made room for those (evicting the model's saved values) and measured them as the tail of
-        the region before it."""
+        the region before it.
+
+        Also for a plan made again in the middle of a step because a call brought larger sizes than the plan was made
+        at (`grew`: dynamic shapes): Inductor's code compiled there could not be measured (the step is running), and
+        that step ran on the model alone (HF Llama with varying lengths, CPU stand-in at 0.6: 1.071x the budget at
+        the longest batch). FX code runs that step as modelled, and Inductor compiles, measured, when it has ended."""
         first_step_plan = key[0] == "step" and len(key) > 2 and not self._first_step_over  # type: ignore[index]
+        regrown = grew and key[0] == "step" and key[1] is not None and current_step() is not None  # type: ignore[index]
         if (
             self.codegen == "inductor"
-            and first_step_plan
+            and (first_step_plan or regrown)
             and torch.is_grad_enabled()
-            and self._static_tensor_inputs()
+            and self._standable_inputs()
             and not self._returns_only_scalars()
         ):
             return "fx"
@@ -419,11 +446,24 @@ class Region:
             isinstance(v, torch.Tensor) and all(isinstance(d, int) and d == 1 for d in v.shape) for v in values
         )
 
-    def _static_tensor_inputs(self) -> bool:
-        """Are the region's inputs all tensors of static sizes? Only then is its Inductor plan compiled after the first
-        step: a Python scalar Dynamo traced as a symbol made AOTAutograd ask Dynamo to restart its analysis
-        (TensorifyScalarRestartAnalysis), which only Dynamo's own compile of the frame can do."""
-        return all(_static_tensor(value) for value in self.example_inputs)
+    def _standable_inputs(self) -> bool:
+        """Are the region's inputs all tensors, or sizes of them, that a stand-in can be made for (`_stand_ins`)? Only
+        then is its Inductor plan compiled after the first step: a Python scalar Dynamo traced as a symbol made
+        AOTAutograd ask Dynamo to restart its analysis (TensorifyScalarRestartAnalysis), which only Dynamo's own
+        compile of the frame can do. A symbolic size passed on its own (Dynamo passes each dynamic size as an input)
+        is stood in for at the value the plan is made at."""
+        sizes = {
+            size.node.expr
+            for value in self.example_inputs
+            if isinstance(value, torch.Tensor)
+            for size in value.shape
+            if isinstance(size, torch.SymInt)
+        }
+        return all(
+            (isinstance(value, torch.Tensor) and not value.is_sparse)
+            or (isinstance(value, torch.SymInt) and value.node.expr in sizes)
+            for value in self.example_inputs
+        )
 
     def _compile_with(
         self,
@@ -440,7 +480,21 @@ class Region:
             config.patch(recompute_kernels="off") if once else contextlib.nullcontext(),
             planned_at(self._sizes.values),
         ):
-            return self._compile_with_codegen(budget, example_inputs, tail, codegen, measure_on)
+            try:
+                return self._compile_with_codegen(budget, example_inputs, tail, codegen, measure_on)
+            except torch._dynamo.exc.RestartAnalysis:
+                if self._in_dynamo or codegen != "inductor":
+                    raise  # Dynamo restarts its analysis of the frame
+                # Only Dynamo's compile of the frame can restart (a float it traced as a symbol meets a symbolic size:
+                # TensorifyScalarRestartAnalysis, seen on a graph recompiled with dynamic batch sizes). Compiled
+                # again outside it, the region runs FX code from now on: exact by the model, slower.
+                log.warning(
+                    "dtr: %s's graph can be compiled with Inductor only by TorchDynamo (it asked to restart its "
+                    "analysis); its plans run as FX code from now on",
+                    self.name,
+                )
+                self.codegen = "fx"
+                return self._compile_with_codegen(budget, example_inputs, tail, "fx", None)
 
     def _compile_with_codegen(
         self,
@@ -511,11 +565,6 @@ def _autocast_as_traced(state: tuple[tuple[str, torch.dtype], ...]) -> Any:
             dtype = dtypes.get(device)
             stack.enter_context(torch.autocast(device, dtype=dtype, enabled=dtype is not None))
         yield
-
-
-def _static_tensor(value: Any) -> bool:
-    """A tensor whose sizes and strides are plain ints (no symbol Dynamo traced): one a stand-in can be made for."""
-    return isinstance(value, torch.Tensor) and all(isinstance(n, int) for n in (*value.shape, *value.stride()))
 
 
 def _step_id(runtime: Any) -> tuple[int, int] | None:
