@@ -141,9 +141,7 @@ class Region:
         # (the step's floor by this region's tightest plan, why) when its plan does not fit the step's budget
         self._floor_note: tuple[int, str] | None = None
         key, budget = self._plan_budget()
-        self._in_dynamo = True  # a compile Dynamo runs may restart its analysis (`_compile_with`)
         self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
-        self._in_dynamo = False
 
     def __call__(self, *args: Any) -> Any:
         _collect_compile_garbage()
@@ -483,8 +481,8 @@ class Region:
             try:
                 return self._compile_with_codegen(budget, example_inputs, tail, codegen, measure_on)
             except torch._dynamo.exc.RestartAnalysis:
-                if self._in_dynamo or codegen != "inductor":
-                    raise  # Dynamo restarts its analysis of the frame
+                if self._compiled is None or codegen != "inductor":
+                    raise  # the region's first compile is Dynamo's own: it restarts its analysis of the frame
                 # Only Dynamo's compile of the frame can restart (a float it traced as a symbol meets a symbolic size:
                 # TensorifyScalarRestartAnalysis, seen on a graph recompiled with dynamic batch sizes). Compiled
                 # again outside it, the region runs FX code from now on: exact by the model, slower.

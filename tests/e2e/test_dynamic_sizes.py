@@ -22,12 +22,18 @@ def _step(model, x, run=None):
     return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
-def test_a_budget_holds_at_every_length_with_eager_gradients() -> None:
+def _at_lengths(lengths):
+    """The test transformer, a batch per length, eager's gradients of each, and a budget of 0.6 of the peak of the
+    first (the longest) batch's eager step."""
     model, _ = models.transformer(dropout=0.0)
-    batches = [torch.randn(8, length, 64, generator=torch.Generator().manual_seed(length)) for length in LENGTHS]
+    batches = [torch.randn(8, length, 64, generator=torch.Generator().manual_seed(length)) for length in lengths]
     eager = [_step(model, b) for b in batches]
     _, longest = measure_peak(lambda: _step(model, batches[0]))
-    budget = int(0.6 * longest.peak_bytes)
+    return model, batches, eager, int(0.6 * longest.peak_bytes)
+
+
+def test_a_budget_holds_at_every_length_with_eager_gradients() -> None:
+    model, batches, eager, budget = _at_lengths(LENGTHS)
     torch._dynamo.reset()
     with dtr_compile.config.patch(memory_budget=budget, codegen="fx"):
         compiled = torch.compile(model, backend="dtr")
@@ -72,12 +78,8 @@ def test_inductor_plans_of_a_dynamic_region_are_measured_before_they_run() -> No
     stand-in at 0.6) measured 1.071x the budget at its longest batch."""
     from dtr_compile.passes import running_plans
 
-    model, _ = models.transformer(dropout=0.0)
     lengths = (64, 48, 64, 32, 64)
-    batches = [torch.randn(8, length, 64, generator=torch.Generator().manual_seed(length)) for length in lengths]
-    eager = [_step(model, b) for b in batches]
-    _, longest = measure_peak(lambda: _step(model, batches[0]))
-    budget = int(0.6 * longest.peak_bytes)
+    model, batches, eager, budget = _at_lengths(lengths)
     torch._dynamo.reset()
     with dtr_compile.config.patch(memory_budget=budget, codegen="inductor"):
         compiled = torch.compile(model, backend="dtr")
