@@ -14,8 +14,9 @@ The planner's model of Inductor's memory treats inlined nodes as allocating noth
 living until their last reader (`StorageMap(inlined=...)` for a graph, `schedule.storage_keys(
 inductor=True)` for a plan), and runs every other pointwise op where its first reader needs it
 (`sunk_order`), except the values stored on reuse, which run where the graph lists them. It is a model
-of Inductor's lowering, not Inductor itself: kernel fusion (a fused kernel allocates all its outputs at once) and
-in-place kernels are not modelled, so the compiled code is measured once (verify.py). Inductor's reuse of dead
+of Inductor's lowering, not Inductor itself: of kernel fusion it models the recomputes' (a fused kernel allocates
+its outputs at once and frees its inputs after it, kernel_groups.py), in-place kernels not at all, so the compiled
+code is measured once (verify.py). Inductor's reuse of dead
 buffers, which would keep them allocated past their last reader, is turned off for planned parts
 (PLANNED_PART_SETTINGS).
 """

@@ -16,11 +16,13 @@ plan agrees with it byte for byte.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import fx
 
-from .inlining import FUSED_RECOMPUTE, InlineDecider, inductor_inlined, is_pointwise, is_view, sunk_order
+from .inlining import FUSED_RECOMPUTE, InlineDecider, inductor_inlined, is_loop, is_pointwise, is_view, sunk_order
+from .kernel_groups import KernelSpans, keeps_local_values, kernel_spans, loop_elements
 from .meta import DTR_META_KEY
 from .rewrite import RECOMPUTE_META_KEY
 from .storage import StorageKey, StorageMap, assumed_tail, tangent_placeholders
@@ -98,25 +100,40 @@ def graph_peak(graph: fx.Graph, *, num_fwd_outputs: int, inductor: bool | str = 
     memory = 0
     peak, peak_node = 0, None
 
+    def own_keys(node: fx.Node) -> list[StorageKey]:
+        return [key for key in storages.keys[node] if key[0] is node]
+
+    # Recomputed loop ops Inductor runs as one kernel (kernel_groups.py): allocated together, freed together.
+    spans = _backward_spans(backward_ops, storages, own_keys) if inductor else KernelSpans()
+    allocating, freeing, inside = spans.alloc_and_free()
+    local: set[StorageKey] = set()
+    if keeps_local_values(nodes):
+        for first, end in spans.spans:
+            for node in backward_ops[first : end + 1]:
+                local.update(k for k in own_keys(node) if k not in forever and last_bwd.get(k, -1) <= end)
+
     def run(sequence: list[fx.Node], last: dict[StorageKey, int], phase: str, keep: set[StorageKey]) -> None:
         nonlocal memory, peak, peak_node
+        grouped = phase == "backward"
         for i, node in enumerate(sequence):
-            for key in storages.keys[node]:
-                if key[0] is node and key not in live:
-                    live.add(key)
-                    memory += counted(key)
+            for member in _members(sequence, i, allocating, inside) if grouped else (node,):
+                for key in own_keys(member):
+                    if key not in live and key not in local:
+                        live.add(key)
+                        memory += counted(key)
             # A kernel's own temporaries (dropout's float mask) are live only while it runs.
             cost = node.meta.get(DTR_META_KEY)
-            own = [key for key in storages.keys[node] if key[0] is node]
+            own = own_keys(node)
             running = memory + (cost.workspace_bytes if cost is not None and own else 0)
             timeline.append(MemoryPoint(node, phase, running))
             if running > peak:
                 peak, peak_node = running, node
-            for arg in (*node.all_input_nodes, node):
-                for key in storages.keys[arg]:
-                    if key in live and key not in forever and key not in keep and last.get(key, -1) <= i:
-                        live.discard(key)
-                        memory -= counted(key)
+            for member in _members(sequence, i, freeing, inside) if grouped else (node,):
+                for arg in (*member.all_input_nodes, member):
+                    for key in storages.keys[arg]:
+                        if key in live and key not in forever and key not in keep and last.get(key, -1) <= i:
+                            live.discard(key)
+                            memory -= counted(key)
 
     run(forward_ops, last_fwd, "forward", saved)
     saved_bytes = memory
@@ -141,6 +158,28 @@ def graph_peak(graph: fx.Graph, *, num_fwd_outputs: int, inductor: bool | str = 
     backward_start = memory
     run(backward_ops, last_bwd, "backward", set())
     return PeakModel(peak, peak_node, tuple(timeline), saved_bytes, backward_start)
+
+
+def _backward_spans(
+    backward_ops: list[fx.Node], storages: StorageMap, own_keys: Callable[[fx.Node], list[StorageKey]]
+) -> KernelSpans:
+    """The backward's fused groups of recomputed loop ops, in positions of `backward_ops` (kernel_groups.py)."""
+
+    def fusable(i: int) -> int | None:
+        node = backward_ops[i]
+        return loop_elements(node) if RECOMPUTE_META_KEY in node.meta and is_loop(node) else None
+
+    def reads(i: int) -> list[StorageKey]:
+        return [key for arg in backward_ops[i].all_input_nodes for key in storages.keys[arg]]
+
+    return kernel_spans(0, len(backward_ops), lambda i: own_keys(backward_ops[i]), fusable, reads)
+
+
+def _members(sequence: list[fx.Node], i: int, at: dict[int, range], inside: set[int]) -> list[fx.Node]:
+    """The ops whose storages are allocated (or freed) at position i: its own, or a fused group's (`at`)."""
+    if i not in inside:
+        return [sequence[i]]
+    return [sequence[j] for j in at.get(i, ())]
 
 
 def _same_graph(a: fx.Node, b: fx.Node) -> bool:

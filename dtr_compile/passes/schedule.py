@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from torch import fx
 
 from .inlining import FUSED_RECOMPUTE, InlineDecider, inline_kind, is_loop, is_pointwise, is_view, sunk_order
+from .kernel_groups import KernelSpans, keeps_local_values, kernel_spans, loop_elements
 from .meta import NodeCost, cost_of
 from .storage import RNG_STATE_INDEX, StorageKey, StorageMap, assumed_tail, rng_state_nbytes
 
@@ -96,6 +97,8 @@ class JointFacts:
         self.forward_keys_cache: tuple[list, list, dict] | None = None  # schedule._forward_keys
         self.forward_uses_cache: tuple[dict, dict] | None = None  # schedule._forward_uses
         self.workspace_bytes = {n: self.cost[n].workspace_bytes for n in self.nodes}
+        self.loop_elements = {n: loop_elements(n) for n in self.loop}  # kernel_groups.py
+        self.keeps_local_values = keeps_local_values(self.nodes)
 
     def _index_savable(self) -> None:
         """The candidates (forward values a plan may save or drop), and per node whether every storage it has
@@ -526,6 +529,32 @@ def run_order(
     return forward + sunk_order(boundary, count, trace.readers, movable)
 
 
+def backward_kernel_spans(facts: JointFacts, ops: list[Emitted], keyed: list, boundary: int) -> KernelSpans:
+    """The backward's fused groups of recomputed loop ops, in run positions (kernel_groups.py)."""
+    loop, elements = facts.loop, facts.loop_elements
+
+    def fusable(i: int) -> int | None:
+        op = ops[i]
+        return elements.get(op.node) if op.version and op.node in loop else None
+
+    return kernel_spans(
+        boundary,
+        len(ops),
+        lambda i: keyed[i][0],
+        fusable,
+        lambda i: [key for group in keyed[i][1] for key in group],
+    )
+
+
+def _kernel_local(spans: KernelSpans, keyed: list, last: dict[SimKey, int], forever: set[SimKey]) -> set[SimKey]:
+    """Storages a fused group makes and reads only inside itself: Triton keeps them in registers."""
+    local: set[SimKey] = set()
+    for first, end in spans.spans:
+        for j in range(first, end + 1):
+            local.update(key for key in keyed[j][0] if key not in forever and last.get(key, -1) <= end)
+    return local
+
+
 class _OverLimit(Exception):
     """Raised inside `simulate` at the first op above its limit, to stop the replay there."""
 
@@ -578,27 +607,34 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
     timeline: list[int] = []
 
     workspace = facts.workspace_bytes
+    # Recomputed loop ops Inductor runs as one kernel (kernel_groups.py): allocated together, freed together.
+    spans = backward_kernel_spans(facts, ops, keyed, boundary) if inline is not None else KernelSpans()
+    allocating, freeing, inside = spans.alloc_and_free()
+    local = _kernel_local(spans, keyed, last_bwd, forever) if facts.keeps_local_values else set()
 
     def run(start: int, stop: int, last: dict[SimKey, int], keep: set[SimKey]) -> None:
         nonlocal memory, peak, peak_index
         held = forever | keep  # never freed in this part
         for i in range(start, stop):
             own, inputs, keys = keyed[i]
-            for key in own:
-                if key not in live:
-                    live.add(key)
-                    memory += nbytes[key[0]]
+            for j in allocating.get(i, ()) if i in inside else (i,):
+                for key in keyed[j][0]:
+                    if key not in live and key not in local:
+                        live.add(key)
+                        memory += nbytes[key[0]]
             running = memory + workspace[ops[i].node] if own else memory
             timeline.append(running)
             if running > peak:
                 peak, peak_index = running, i
                 if running > stop_above:
                     raise _OverLimit
-            for group in (*inputs, keys):
-                for key in group:
-                    if key in live and key not in held and last.get(key, -1) <= i:
-                        live.discard(key)
-                        memory -= nbytes[key[0]]
+            for j in freeing.get(i, ()) if i in inside else (i,):
+                _, inputs, keys = keyed[j]
+                for group in (*inputs, keys):
+                    for key in group:
+                        if key in live and key not in held and last.get(key, -1) <= i:
+                            live.discard(key)
+                            memory -= nbytes[key[0]]
 
     try:
         run(0, boundary, last_fwd, saved)

@@ -8,13 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_models import decomposed_joint
 from torch import nn
 
 from dtr_compile.passes.costs import annotate_costs
 from dtr_compile.passes.inlining import FUSED_RECOMPUTE
 from dtr_compile.passes.planner import _Search
 from dtr_compile.passes.schedule import Infeasible, JointFacts, build_trace, simulate
-from tests.passes.test_schedule_model import _decomposed_joint, _model
+from tests.passes.test_schedule_model import _model
 
 
 class _Residual(nn.Module):
@@ -35,7 +36,7 @@ def test_the_lower_bound_never_exceeds_the_simulated_peak(inductor: bool | str, 
     """For random plans and random groups of their dropped values, the peak with the group saved again is never
     below the bound read off the plan's own simulation: the bound may reject only what the simulation would."""
     module, x = _model() if model == "sequential" else (_Residual(), torch.randn(32, 64))
-    joint, n_out = _decomposed_joint(module, x)
+    joint, n_out = decomposed_joint(module, x)
     annotate_costs(joint, codegen="inductor" if inductor else "fx")
     facts = JointFacts(joint, n_out)
     search = _Search(facts, frozenset(), inductor)

@@ -7,33 +7,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_models import decomposed_joint, trace_as_plan
 from torch import fx, nn
 
 from dtr_compile.passes import emit_plan, schedule_peak
 from dtr_compile.passes.costs import annotate_costs
 from dtr_compile.passes.fusion_guard import fusion_gap
 from dtr_compile.passes.inlining import FUSED_RECOMPUTE, MULTI, SINGLE, InlineDecider, inductor_inlined, sunk_order
-from dtr_compile.passes.planner import Plan
 from dtr_compile.passes.schedule import JointFacts, build_trace, simulate
 from dtr_compile.passes.storage import StorageMap
-
-
-def _decomposed_joint(model: nn.Module, *inputs: torch.Tensor) -> tuple[fx.GraphModule, int]:
-    """The joint graph as Inductor sees it (its decompositions applied), without compiling anything."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import default_partition
-    from torch._inductor.decomposition import select_decomp_table
-
-    captured = {}
-
-    def partition(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
-        captured["joint"], captured["n"] = joint, num_fwd_outputs
-        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
-
-    backend = aot_autograd(fw_compiler=lambda gm, _: gm, partition_fn=partition, decompositions=select_decomp_table())
-    torch._dynamo.reset()
-    torch.compile(model, backend=backend)(*inputs)
-    return captured["joint"], captured["n"]
 
 
 def _model() -> tuple[nn.Module, torch.Tensor]:
@@ -44,13 +26,9 @@ def _model() -> tuple[nn.Module, torch.Tensor]:
     return nn.Sequential(*layers, nn.Linear(64, 1)), torch.randn(32, 64)
 
 
-def _trace_as_plan(trace) -> Plan:
-    return Plan(None, trace.ops, trace.boundary, trace.fwd_versions, trace.final_versions, 0, True, 0.0, 0.0)
-
-
 @pytest.mark.parametrize("inductor", [False, True, FUSED_RECOMPUTE])
 def test_simulation_equals_model_of_emitted_graph(inductor: bool | str) -> None:
-    joint, n_out = _decomposed_joint(*_model())
+    joint, n_out = decomposed_joint(*_model())
     annotate_costs(joint, codegen="inductor" if inductor else "fx")
     facts = JointFacts(joint, n_out)
     rng = random.Random(0)
@@ -61,7 +39,7 @@ def test_simulation_equals_model_of_emitted_graph(inductor: bool | str) -> None:
         recomputed = list(trace.recomputed)
         forget = frozenset((n, rng.randrange(backward_ops)) for n in recomputed if rng.random() < 0.3)
         trace = build_trace(facts, dropped, forget)
-        planned = emit_plan(joint, _trace_as_plan(trace), num_fwd_outputs=n_out)
+        planned = emit_plan(joint, trace_as_plan(trace), num_fwd_outputs=n_out)
         modelled = schedule_peak(planned, num_fwd_outputs=n_out, inductor=inductor)
         simulated = simulate(facts, trace, inductor=inductor)
         assert simulated.peak == modelled.peak_bytes, (trial, inductor)
@@ -76,7 +54,7 @@ def test_fused_recompute_model_inlines_only_recomputes() -> None:
     """FUSED_RECOMPUTE is the exact model except inside recompute bursts (the recomputed pointwise ops live in
     Inductor's kernels, not in buffers): equal to it with nothing dropped and in the forward, apart from it in the
     backward once everything is recomputed, its peak between the Inductor model's and the exact one's."""
-    joint, n_out = _decomposed_joint(*_model())
+    joint, n_out = decomposed_joint(*_model())
     annotate_costs(joint, codegen="inductor")
     facts = JointFacts(joint, n_out)
     nothing = build_trace(facts, set())
@@ -90,7 +68,7 @@ def test_fused_recompute_model_inlines_only_recomputes() -> None:
 
 
 def test_forgotten_values_are_recomputed_again() -> None:
-    joint, n_out = _decomposed_joint(*_model())
+    joint, n_out = decomposed_joint(*_model())
     annotate_costs(joint)
     facts = JointFacts(joint, n_out)
     dropped = set(facts.candidates)
@@ -163,7 +141,7 @@ def test_distant_nodes_fuse_only_as_producer_and_consumer(monkeypatch) -> None:
     monkeypatch.setattr(InductorChoices, "can_fuse_horizontal", lambda *args: True)
 
     def node(first: int, last: int) -> SimpleNamespace:
-        return SimpleNamespace(min_order=first, max_order=last)
+        return SimpleNamespace(min_order=first, max_order=last, get_nodes=list)  # computes no recompute
 
     choices = fusion_guard.PlanOrderChoices()
     near, apart = fusion_guard.MAX_HORIZONTAL_GAP + 1, fusion_guard.MAX_HORIZONTAL_GAP + 2
