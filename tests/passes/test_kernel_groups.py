@@ -1,5 +1,5 @@
 """A recomputed softmax is one Inductor kernel: the memory model allocates its outputs together and frees its inputs
-after it (passes/kernel_groups.py), and the fusion guard keeps a recompute from fusing across a matmul
+after it (passes/kernel_groups.py), and the fusion guard keeps a producer from fusing with a consumer across a matmul
 (passes/fusion_guard.py), so that the compiled code holds what the model says."""
 
 from __future__ import annotations
@@ -73,29 +73,25 @@ def test_a_recomputed_softmax_holds_its_scores_exponentials_and_probabilities_at
     assert all(fused - alone >= buffer for fused, alone in zip(held(simulated), held(op_by_op), strict=True))
 
 
-def _scheduler_node(order: int, *, recompute: bool = False, extern: bool = False) -> SimpleNamespace:
-    origin = SimpleNamespace(meta={RECOMPUTE_META_KEY: "div"} if recompute else {})
-    node = SimpleNamespace(min_order=order, max_order=order, node=SimpleNamespace(origins=[origin]))
-    node.get_nodes = lambda: [node]
-    node.is_extern = lambda: extern
-    return node
+def _scheduler_node(order: int, *, extern: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(min_order=order, max_order=order, is_extern=lambda: extern)
 
 
-def test_a_recompute_fuses_with_a_consumer_only_if_no_matmul_runs_between(monkeypatch) -> None:
+def test_a_producer_fuses_with_a_consumer_only_if_no_matmul_runs_between(monkeypatch) -> None:
     """Fused with the softmax's backward (after the matmul that makes the probabilities' gradient), the recomputed
-    division ran after that matmul, and the exponentials it reads stayed allocated across it (a fourth (B, H, T, T)
-    buffer). The backward's own ops still fuse across a matmul, and a recompute with a consumer next to it."""
+    division ran after that matmul, and the exponentials it reads stayed allocated across it: a fourth (B, H, T, T)
+    buffer. Next to each other, a producer and its consumer still fuse."""
     from torch._inductor.choices import InductorChoices
 
     monkeypatch.setattr(InductorChoices, "can_fuse_vertical", lambda *args: True)
-    division, matmul = _scheduler_node(0, recompute=True), _scheduler_node(1, extern=True)
-    backward, own = _scheduler_node(2), _scheduler_node(0)
-    scheduler = SimpleNamespace(nodes=[division, matmul, backward])
+    division, matmul, backward = _scheduler_node(0), _scheduler_node(1, extern=True), _scheduler_node(2)
     choices = PlanOrderChoices()
-    assert not choices.can_fuse_vertical(scheduler, division, backward, 1)
-    assert choices.can_fuse_vertical(SimpleNamespace(nodes=[own, matmul, backward]), own, backward, 1)
-    next_to_it = _scheduler_node(1)
-    assert PlanOrderChoices().can_fuse_vertical(SimpleNamespace(nodes=[division, next_to_it]), division, next_to_it, 1)
+    assert not choices.can_fuse_vertical(SimpleNamespace(nodes=[division, matmul, backward]), division, backward, 1)
+    pointwise = _scheduler_node(1)
+    assert PlanOrderChoices().can_fuse_vertical(
+        SimpleNamespace(nodes=[division, pointwise, backward]), division, backward, 1
+    )
+    assert PlanOrderChoices().can_fuse_vertical(SimpleNamespace(nodes=[division, matmul]), division, matmul, 1)
 
 
 @pytest.mark.compat

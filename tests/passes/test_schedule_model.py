@@ -141,13 +141,21 @@ def test_distant_nodes_fuse_only_as_producer_and_consumer(monkeypatch) -> None:
     monkeypatch.setattr(InductorChoices, "can_fuse_horizontal", lambda *args: True)
 
     def node(first: int, last: int) -> SimpleNamespace:
-        return SimpleNamespace(min_order=first, max_order=last, get_nodes=list)  # computes no recompute
+        return SimpleNamespace(min_order=first, max_order=last)
 
     choices = fusion_guard.PlanOrderChoices()
+    no_matmuls = SimpleNamespace(nodes=[])
     near, apart = fusion_guard.MAX_HORIZONTAL_GAP + 1, fusion_guard.MAX_HORIZONTAL_GAP + 2
     assert choices.can_fuse_horizontal(None, node(0, 0), node(near, near), 1)
     assert not choices.can_fuse_horizontal(None, node(0, 0), node(apart, apart), 1)
-    assert choices.can_fuse_vertical(None, node(0, 0), node(apart, apart), 1)
+    assert choices.can_fuse_vertical(no_matmuls, node(0, 0), node(apart, apart), 1)
+    # A chain fused one link at a time may not reach further back than max_gap from its last member: HF T5's layers'
+    # position-bias gradients, each reduced within 64 nodes of the next, fused into one kernel at the backward's end.
+    chain = node(60, 60 + fusion_guard.DEFAULT_MAX_GAP)
+    assert choices.can_fuse_vertical(no_matmuls, node(59, 59), chain, 1)
     assert not choices.can_fuse_vertical(
-        None, node(0, 0), node(fusion_guard.DEFAULT_MAX_GAP + 2, fusion_guard.DEFAULT_MAX_GAP + 2), 1
+        no_matmuls, node(58, 58), chain, 1
+    )  # 1 node from the chain, 64 + 1 from its end
+    assert not choices.can_fuse_vertical(
+        no_matmuls, node(0, 0), node(fusion_guard.DEFAULT_MAX_GAP + 2, fusion_guard.DEFAULT_MAX_GAP + 2), 1
     )
