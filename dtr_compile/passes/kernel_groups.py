@@ -48,6 +48,18 @@ class KernelSpans:
             inside.update(members)
         return allocating, freeing, inside
 
+    def local_storages(
+        self, own: Callable[[int], Iterable[Hashable]], last_read: dict[Hashable, int], held: set[Hashable]
+    ) -> set[Hashable]:
+        """The storages a group makes and reads only inside itself (a Triton kernel keeps them in registers): `own`,
+        what each position allocates; `last_read`, each storage's last reader's position; `held`, storages that
+        outlive the step."""
+        local: set[Hashable] = set()
+        for first, last in self.spans:
+            for i in range(first, last + 1):
+                local.update(key for key in own(i) if key not in held and last_read.get(key, -1) <= last)
+        return local
+
 
 def kernel_spans(
     start: int,

@@ -108,9 +108,7 @@ def graph_peak(graph: fx.Graph, *, num_fwd_outputs: int, inductor: bool | str = 
     allocating, freeing, inside = spans.alloc_and_free()
     local: set[StorageKey] = set()
     if keeps_local_values(nodes):
-        for first, end in spans.spans:
-            for node in backward_ops[first : end + 1]:
-                local.update(k for k in own_keys(node) if k not in forever and last_bwd.get(k, -1) <= end)
+        local = spans.local_storages(lambda i: own_keys(backward_ops[i]), last_bwd, forever)
 
     def run(sequence: list[fx.Node], last: dict[StorageKey, int], phase: str, keep: set[StorageKey]) -> None:
         nonlocal memory, peak, peak_node

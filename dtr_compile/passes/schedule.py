@@ -546,15 +546,6 @@ def backward_kernel_spans(facts: JointFacts, ops: list[Emitted], keyed: list, bo
     )
 
 
-def _kernel_local(spans: KernelSpans, keyed: list, last: dict[SimKey, int], forever: set[SimKey]) -> set[SimKey]:
-    """Storages a fused group makes and reads only inside itself: Triton keeps them in registers."""
-    local: set[SimKey] = set()
-    for first, end in spans.spans:
-        for j in range(first, end + 1):
-            local.update(key for key in keyed[j][0] if key not in forever and last.get(key, -1) <= end)
-    return local
-
-
 class _OverLimit(Exception):
     """Raised inside `simulate` at the first op above its limit, to stop the replay there."""
 
@@ -610,13 +601,13 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
     # Recomputed loop ops Inductor runs as one kernel (kernel_groups.py): allocated together, freed together.
     spans = backward_kernel_spans(facts, ops, keyed, boundary) if inline is not None else KernelSpans()
     allocating, freeing, inside = spans.alloc_and_free()
-    local = _kernel_local(spans, keyed, last_bwd, forever) if facts.keeps_local_values else set()
+    local = spans.local_storages(lambda i: keyed[i][0], last_bwd, forever) if facts.keeps_local_values else set()
 
     def run(start: int, stop: int, last: dict[SimKey, int], keep: set[SimKey]) -> None:
         nonlocal memory, peak, peak_index
         held = forever | keep  # never freed in this part
         for i in range(start, stop):
-            own, inputs, keys = keyed[i]
+            own = keyed[i][0]
             for j in allocating.get(i, ()) if i in inside else (i,):
                 for key in keyed[j][0]:
                     if key not in live and key not in local:
