@@ -104,9 +104,13 @@ def _tail_line(report: PlanReport) -> str:
     how = "measured by a step" if any(TAIL_META_KEY in t.meta for t in tangents) else "assumed"
     if report.least_tail:
         how = "the least, until a step measures it: the assumed one left the budget no plan"
+    let_go = ""
+    if tail.dropped_outputs:
+        positions = ", ".join(str(p) for p in sorted(tail.dropped_outputs))
+        let_go = f"; outputs {positions} let go before the backward (freed there unless the plan saves them)"
     return (
         f"loss tail ({how}): {format_bytes(tail.peak_bytes)} at most after the forward, "
-        f"{format_bytes(tail.at_backward_bytes)} at the backward's start (tangents included)"
+        f"{format_bytes(tail.at_backward_bytes)} at the backward's start (tangents included){let_go}"
     )
 
 

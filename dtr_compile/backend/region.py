@@ -237,8 +237,11 @@ class Region:
         measured = runtime.tails.learned.get(self.name)
         if measured is None:  # it shared its step with another region (tails.py): the assumed one stays
             return None
-        assumed = self.reports[-1].tail  # the assumed one, or the least where the assumed one left no plan
-        deltas = (measured.peak_bytes - assumed.peak_bytes, measured.at_backward_bytes - assumed.at_backward_bytes)
+        report = self.reports[-1]
+        assumed = report.tail  # the assumed one, or the least where the assumed one left no plan
+        # At the backward's start, outputs the program let go count as freed (at most: a plan may save one)
+        at_backward = [tail.at_backward_bytes - _let_go_bytes(report, tail) for tail in (measured, assumed)]
+        deltas = (measured.peak_bytes - assumed.peak_bytes, at_backward[0] - at_backward[1])
         off, grew = max(abs(d) for d in deltas), max(deltas)
         peak = runtime.stats().peak_bytes
         # A plan held at its floor (`_floor_note`: its tightest plan needed more than the step's room, so it recomputes
@@ -256,7 +259,7 @@ class Region:
         # leaves (None) is the assumed one, which left the budget no plan (GPT-2 fit model, CPU stand-in, batch 15:
         # a measured tail within 4 bytes of the least one, and the assumed tail's floor plan recomputed 135 ms of it).
         if self.reports[-1].least_tail or (off > TAIL_TOLERANCE * step_budget and not on_target):
-            self._tail = Tail(measured.peak_bytes, measured.at_backward_bytes)
+            self._tail = Tail(measured.peak_bytes, measured.at_backward_bytes, measured.dropped_outputs)
         return self._tail_at_planned_sizes()
 
     def _tail_at_planned_sizes(self) -> Tail | None:
@@ -276,7 +279,7 @@ class Region:
         grown = tail
         if measured_at > 0 and planned_at_now != measured_at:
             growth = planned_at_now / measured_at
-            grown = Tail(int(tail.peak_bytes * growth), int(tail.at_backward_bytes * growth))
+            grown = Tail(int(tail.peak_bytes * growth), int(tail.at_backward_bytes * growth), tail.dropped_outputs)
         self._grown_tail = (tail, dict(self._sizes.values), grown)
         return grown
 
@@ -570,6 +573,14 @@ def _step_id(runtime: Any) -> tuple[int, int] | None:
     return None if runtime is None else (id(runtime), runtime.steps_ended)
 
 
+def _let_go_bytes(report: PlanReport, tail: Any) -> int:
+    """Bytes of the region's outputs that `tail` says the program let go before the backward (storage.Tail)."""
+    output = next(n for n in reversed(report.joint.graph.nodes) if n.op == "output")
+    outputs = list(output.args[0])[: report.num_fwd_outputs]
+    dropped = {outputs[p] for p in tail.dropped_outputs if p < len(outputs) and isinstance(outputs[p], fx.Node)}
+    return sum(tensor_nbytes(node.meta.get("val")) for node in dropped)
+
+
 def part_maker(
     graph: fx.GraphModule, phase: str, report: PlanReport | None, region: str
 ) -> Callable[[Any], CompiledPart]:
@@ -607,6 +618,7 @@ def part_maker(
             op_by_op=None if fallback is None else inner if inner is graph else fallback,
             tail_of=(region, phase) if phase in ("forward", "backward") else None,
             tangents=[i for i, n in enumerate(placeholders) if phase == "backward" and n.name.startswith("tangents")],
+            forward_outputs=report.num_fwd_outputs if report is not None and phase == "forward" else 0,
         )
 
     return finish

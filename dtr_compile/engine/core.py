@@ -347,9 +347,10 @@ class Engine:
         for storage in [s for s in self.pool if s.handles <= 0 and not s.locks]:
             self._evict(storage, eager=True)
 
-    def open_window(self) -> MemoryWindow:
-        """Start counting what is allocated from now on apart from what was before (window.py)."""
-        window = MemoryWindow(self._next_sid)
+    def open_window(self, outputs: frozenset[int] = frozenset()) -> MemoryWindow:
+        """Start counting what is allocated from now on apart from what was before (window.py); `outputs`: ids of
+        storages whose drop it does not count as dropped (a region's outputs)."""
+        window = MemoryWindow(self._next_sid, outputs)
         self.windows.append(window)
         return window
 

@@ -27,10 +27,14 @@ class MemoryWindow:
     """Bytes of storages born since the window opened: now (`memory`), at most (`peak`), and the bytes of
     older storages freed as dead meanwhile (`dropped`)."""
 
-    __slots__ = ("allocations", "dropped", "evicted", "first_sid", "memory", "peak", "released")
+    __slots__ = ("allocations", "dropped", "evicted", "first_sid", "memory", "outputs", "peak", "released")
 
-    def __init__(self, first_sid: int) -> None:
+    def __init__(self, first_sid: int, outputs: frozenset[int] = frozenset()) -> None:
         self.first_sid = first_sid
+        # Ids of the storages of the outputs of the region whose tail this is: their drop is not counted in
+        # `dropped`, as what it frees depends on the region's plan (it may save them), not on the code in the window
+        # (runtime/tails.py notes which outputs the program let go).
+        self.outputs = outputs
         self.memory = 0
         self.peak = 0  # of `memory - released`: what the window holds above its start, at most
         self.dropped = 0
@@ -48,7 +52,8 @@ class MemoryWindow:
         if storage.sid >= self.first_sid:
             self.memory -= storage.nbytes
         elif dead:
-            self.dropped += storage.nbytes
+            if storage.sid not in self.outputs:
+                self.dropped += storage.nbytes
             if self.allocations:
                 self.released += storage.nbytes
         else:
@@ -61,7 +66,8 @@ class MemoryWindow:
         model's region counted them held through its backward."""
         if storage.sid in self.evicted:
             self.evicted.discard(storage.sid)
-            self.dropped += storage.nbytes
+            if storage.sid not in self.outputs:
+                self.dropped += storage.nbytes
 
     def running(self, transient_bytes: int) -> None:
         """An operation is about to run with `transient_bytes` allocated and freed inside it (its outputs and

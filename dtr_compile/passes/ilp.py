@@ -43,7 +43,7 @@ import numpy as np
 from torch import fx
 
 from .schedule import JointFacts
-from .storage import StorageKey, assumed_tail
+from .storage import StorageKey, assumed_tail, let_go_keys
 
 __all__ = ["IlpSolution", "plan_peak", "solve_ilp"]
 
@@ -144,6 +144,10 @@ class _Model:
         tail = assumed_tail(facts.tangents, tangent_bytes)
         self.fixed_boundary = pinned_bytes + tail.peak_bytes
         held = pinned_bytes + tail.at_backward_bytes - tangent_bytes
+        # Outputs the program let go before the backward, where the backward does not read them.
+        for k in let_go_keys(tail, facts.output_args, facts.num_fwd_outputs, facts.keys):
+            if k in pinned and k not in last_read:
+                held -= nbytes[k]
         self.fixed_rc = [held] * T  # at the recompute slots of stage t
         self.fixed_b = [held] * T  # at backward op t
         for k, s in start.items():

@@ -33,6 +33,7 @@ from .. import config
 from ..config import Budget
 from ..errors import BudgetError, format_bytes
 from ..roofline import tf32_enabled
+from ..tensor_bytes import tensor_nbytes
 from . import plan_cache
 from .costs import CostMode, annotate_costs
 from .fuse_recompute import FusionReport, fuse_recomputes
@@ -143,8 +144,26 @@ class PlanReport:
         verify.py measures the region that way: with the outputs held instead, a language model's region was charged
         its logits (8 MiB for Llama at the CPU stand-in) through the whole backward, which its step does not hold."""
         nbytes = tangent_bytes(tangent_placeholders(self.joint.graph))
-        return nbytes > 0 and self.tail.at_backward_bytes < nbytes
+        if nbytes <= 0:
+            return False
+        tail = self.tail
+        if tail.at_backward_bytes < nbytes:
+            return True
+        # A measured tail names the outputs let go (storage.Tail.dropped_outputs); verify.py lets them all go or
+        # none, so all of them but scalars (the loss the loop calls backward on, held through it) must be.
+        output = next(n for n in reversed(self.joint.graph.nodes) if n.op == "output")
+        outputs = list(output.args[0])[: self.num_fwd_outputs]
+        held = [
+            position
+            for position, node in enumerate(outputs)
+            if position not in tail.dropped_outputs
+            and isinstance(node, fx.Node)
+            and tensor_nbytes(node.meta.get("val")) > _SCALAR_BYTES
+        ]
+        return bool(tail.dropped_outputs) and not held
 
+
+_SCALAR_BYTES = 8  # a loss, in any dtype
 
 # Under Inductor a plan aims its *measured* peak at a fraction of the budget inside issue 17's band [0.90, 1.00], by
 # device: the room left below the budget is what the measured / modelled ratio was seen to move between plans of

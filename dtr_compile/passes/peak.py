@@ -25,7 +25,7 @@ from .inlining import FUSED_RECOMPUTE, InlineDecider, inductor_inlined, is_loop,
 from .kernel_groups import KernelSpans, keeps_local_values, kernel_spans, loop_elements
 from .meta import DTR_META_KEY
 from .rewrite import RECOMPUTE_META_KEY
-from .storage import StorageKey, StorageMap, assumed_tail, tangent_placeholders
+from .storage import StorageKey, StorageMap, assumed_tail, let_go_keys, tangent_placeholders
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,12 @@ def graph_peak(graph: fx.Graph, *, num_fwd_outputs: int, inductor: bool | str = 
     tail = assumed_tail(tangents, tangent_bytes)
     if forward_end + tail.peak_bytes > peak:
         peak, peak_node = forward_end + tail.peak_bytes, forward_ops[-1] if forward_ops else peak_node
-    memory += tail.at_backward_bytes - tangent_bytes  # e.g. outputs the program let go before the backward
+    memory += tail.at_backward_bytes - tangent_bytes
+    # Outputs the program let go before the backward, where this plan does not save them for it.
+    for key in let_go_keys(tail, output.args[0], num_fwd_outputs, storages.keys):
+        if key in live and key not in last_bwd:
+            live.discard(key)
+            memory -= counted(key)
     backward_start = memory
     run(backward_ops, last_bwd, "backward", set())
     return PeakModel(peak, peak_node, tuple(timeline), saved_bytes, backward_start)

@@ -25,7 +25,7 @@ from torch import fx
 from .inlining import FUSED_RECOMPUTE, InlineDecider, inline_kind, is_loop, is_pointwise, is_view, sunk_order
 from .kernel_groups import KernelSpans, keeps_local_values, kernel_spans, loop_elements
 from .meta import NodeCost, cost_of
-from .storage import RNG_STATE_INDEX, StorageKey, StorageMap, assumed_tail, rng_state_nbytes
+from .storage import RNG_STATE_INDEX, StorageKey, StorageMap, assumed_tail, let_go_keys, rng_state_nbytes
 
 Version = int  # 0 = the original computation of a node, k >= 1 = its k-th recomputation
 SimKey = tuple[StorageKey, Version]  # one storage of one version of a value
@@ -59,6 +59,8 @@ class JointFacts:
         self.position = {n: i for i, n in enumerate(self.forward)}
         output = next(n for n in reversed(self.nodes) if n.op == "output")
         outs = list(output.args[0])
+        self.output_args = outs  # the forward's outputs first (positions: storage.Tail.dropped_outputs)
+        self.num_fwd_outputs = num_fwd_outputs
         self.fwd_outputs = [o for o in outs[:num_fwd_outputs] if isinstance(o, fx.Node)]
         self.bwd_outputs = [o for o in outs[num_fwd_outputs:] if isinstance(o, fx.Node)]
         self.keys = self.storages.keys
@@ -649,6 +651,11 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
             if peak > stop_above:
                 raise _OverLimit
         memory += tail.at_backward_bytes - tangent_bytes
+        # Outputs the program let go before the backward, where this plan does not save them for it.
+        for key in let_go_keys(tail, facts.output_args, facts.num_fwd_outputs, facts.keys):
+            if (key, 0) in live and (key, 0) not in last_bwd:
+                live.discard((key, 0))
+                memory -= nbytes[key]
         run(boundary, len(keyed), last_bwd, set())
     except _OverLimit:
         complete = False

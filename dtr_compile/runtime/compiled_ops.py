@@ -85,6 +85,7 @@ class CompiledPart:
         op_by_op: Callable[[list[Any]], Any] | None = None,
         tail_of: tuple[str, str] | None = None,
         tangents: Sequence[int] = (),
+        forward_outputs: int = 0,
     ) -> None:
         """`estimated_s`: the plan's modelled time of the part (its cost to the engine unless costs are
         measured); `random`: it draws random numbers (its RNG state is replayed by a recompute);
@@ -94,7 +95,9 @@ class CompiledPart:
         code (boxed), to run with every aten op an operation of the runtime when the part does not fit the
         budget as one operation (see `run_part`); `tail_of`: (region, "forward" or "backward"): the part's
         return (a forward) or call (a backward) bounds its region's tail, which the runtime measures (tails.py);
-        `tangents`: positions of a backward's incoming gradients among its inputs (part of that tail)."""
+        `tangents`: positions of a backward's incoming gradients among its inputs (part of that tail);
+        `forward_outputs`: how many of a forward's results are the region's outputs (the rest are saved for the
+        backward): the tail notes which of them the program let go before the backward."""
         if not getattr(inner, "_boxed_call", False):
             from torch._functorch.aot_autograd import make_boxed_func
 
@@ -113,6 +116,7 @@ class CompiledPart:
         self.op_by_op = op_by_op
         self.tail_of = tail_of
         self.tangents = tuple(tangents)
+        self.forward_outputs = forward_outputs
         self._measured_s = float("inf")
 
     def __call__(self, *call_args: Any) -> Any:
@@ -126,7 +130,7 @@ class CompiledPart:
             runtime.backward_began()
         tail_of = self.tail_of
         if tail_of is not None and tail_of[1] == "backward":
-            runtime.tails.backward_begins(tail_of[0], self._unseen_tangent_bytes(runtime, args))
+            runtime.tails.backward_begins(tail_of[0], self._unseen_tangent_bytes(runtime, args), args)
         if self.on_call is not None:
             self.on_call(runtime)
         ends_forward = tail_of is not None and tail_of[1] == "forward"
@@ -138,7 +142,11 @@ class CompiledPart:
             runtime.failed = True
             raise
         if ends_forward:
-            runtime.tails.forward_returned(tail_of[0], held_bytes)
+            outputs = [
+                runtime.index.lookup(r) if isinstance(r, torch.Tensor) else None
+                for r in list(results)[: self.forward_outputs]
+            ]
+            runtime.tails.forward_returned(tail_of[0], held_bytes, outputs)
         return results
 
     def _unseen_tangent_bytes(self, runtime: RuntimeInterface, args: list[Any]) -> int:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..engine import Engine, Storage
-from .values import buffer, storage_key
+from .values import Buffer, buffer, storage_key
 
 if TYPE_CHECKING:
     from .recorder import TraceRecorder
@@ -61,6 +61,19 @@ class StorageIndex:
     def lookup_key(self, key: int) -> Storage | None:
         """`lookup` for a caller that has the tensor's `storage_key` already."""
         return self._current.get(key)
+
+    def viewed(self, storage: Storage, besides: frozenset[int] = frozenset()) -> bool:
+        """Does a live tensor of the program view `storage`, other than those whose ids are in `besides`? (A tensor
+        autograd saved does not count: the program let go of a value it can no longer reach, whatever autograd
+        keeps of it for the backward.)"""
+        payload = storage.payload
+        if not isinstance(payload, Buffer):
+            return False
+        for cell in payload.cells.items():
+            tensor = cell.death() if cell.storage is storage and cell.death is not None else None
+            if tensor is not None and id(tensor) not in besides:
+                return True
+        return False
 
     def set_current(self, key: int, storage: Storage) -> None:
         self._current[key] = storage

@@ -32,9 +32,10 @@ that a plan is not remade every step.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..engine import Engine
+from ..engine import Engine, Storage
 from ..engine.window import MemoryWindow
 
 # A region whose forward leaves at most this fraction of the step's budget held does not keep another region's tail
@@ -46,33 +47,43 @@ LIGHT = 0.01
 @dataclass(frozen=True)
 class MeasuredTail:
     peak_bytes: int
-    at_backward_bytes: int
+    at_backward_bytes: int  # not counting the drop of the region's own outputs (`dropped_outputs` says which)
     # Storages the runtime evicted inside the window to hold the budget: a tail larger than the plan left room for.
     evictions: int = 0
+    # Positions among the forward's outputs of those the program no longer viewed when the backward began
+    # (storage.Tail.dropped_outputs): what letting them go freed depends on the plan, which may save them.
+    dropped_outputs: frozenset[int] = frozenset()
 
 
 class TailMeter:
     """The open windows of the current step, one per region whose forward returned and whose backward has not
     begun, and the tails learned so far, by region name."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self, engine: Engine, viewed: Callable[[Storage, frozenset[int]], bool] = lambda storage, besides: True
+    ) -> None:
+        """`viewed(storage, besides)`: does a tensor of the program (not one autograd saved, nor one whose id is in
+        `besides`) view the storage now?"""
         self.engine = engine
+        self.viewed = viewed
         self.learned: dict[str, MeasuredTail] = {}
         self.spanned: set[str] = set()  # regions that shared their step with another: not learned
-        self._open: dict[str, tuple[MemoryWindow, int]] = {}  # region -> its window, the engine's evictions then
+        # region -> its window, the engine's evictions then, the storages of its outputs by position
+        self._open: dict[str, tuple[MemoryWindow, int, tuple[Storage | None, ...]]] = {}
         self._seen: set[str] = set()  # regions whose forward ran in this step, but for the light ones (`LIGHT`)
         self._budget_bytes: int | None = None
 
     def begin_step(self, budget_bytes: int | None = None) -> None:
         """`budget_bytes`: the step's budget (None: no budget, or a step calibrating a fraction)."""
         self._budget_bytes = budget_bytes
-        for window, _ in self._open.values():
+        for window, _, _ in self._open.values():
             self.engine.close_window(window)
         self._open.clear()
         self._seen.clear()
 
-    def forward_returned(self, region: str, held_bytes: int = 0) -> None:
-        """`held_bytes`: what the region's forward leaves allocated (its outputs and saved values, as planned)."""
+    def forward_returned(self, region: str, held_bytes: int = 0, outputs: Sequence[Storage | None] = ()) -> None:
+        """`held_bytes`: what the region's forward leaves allocated (its outputs and saved values, as planned);
+        `outputs`: the storages of its outputs (the joint graph's forward outputs, in order; None: not the step's)."""
         budget = self._budget_bytes
         if budget is None or held_bytes > LIGHT * budget:  # (no budget: every region counts, as before)
             self._seen.add(region)
@@ -81,15 +92,19 @@ class TailMeter:
         previous = self._open.pop(region, None)  # the region ran twice before a backward: measure the last run
         if previous is not None:
             self.engine.close_window(previous[0])
-        self._open[region] = (self.engine.open_window(), self.engine.evictions)
+        watched = frozenset(storage.sid for storage in outputs if storage is not None)
+        self._open[region] = (self.engine.open_window(watched), self.engine.evictions, tuple(outputs))
 
-    def backward_begins(self, region: str, unseen_bytes: int = 0) -> None:
+    def backward_begins(self, region: str, unseen_bytes: int = 0, inputs: Sequence[object] = ()) -> None:
         """`unseen_bytes`: incoming gradients of the region's backward allocated where the runtime could not see them
-        (compiled_ops.CompiledPart._unseen_tangent_bytes): held at the backward's start all the same."""
+        (compiled_ops.CompiledPart._unseen_tangent_bytes): held at the backward's start all the same. `inputs`: the
+        backward's inputs, which autograd holds for it: they do not make an output held by the program. (In the
+        step that compiles the region, the saved values autograd unpacks for the backward are the forward's own
+        tensor objects: HF BERT's MLM logits, which the loop had let go, counted as held.)"""
         opened = self._open.pop(region, None)
         if opened is None:
             return
-        window, evictions = opened
+        window, evictions, outputs = opened
         spanned = bool(self._seen - {region})  # another region ran in this step (and in the window, if it ran after)
         if not spanned:
             # What only cyclic garbage holds is not the program's. The step that measures a tail is the one that
@@ -104,8 +119,14 @@ class TailMeter:
         else:
             evicted = self.engine.evictions - evictions
             held = window.memory + unseen_bytes
+            autograds = frozenset(id(value) for value in inputs)
+            dropped_outputs = frozenset(
+                position
+                for position, storage in enumerate(outputs)
+                if storage is not None and not self.viewed(storage, autograds)
+            )
             self.learned[region] = MeasuredTail(
-                max(window.peak, held - window.released), held - window.dropped, evicted
+                max(window.peak, held - window.released), held - window.dropped, evicted, dropped_outputs
             )
 
     def decided(self, region: str) -> bool:

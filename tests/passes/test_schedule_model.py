@@ -159,3 +159,48 @@ def test_distant_nodes_fuse_only_as_producer_and_consumer(monkeypatch) -> None:
     assert not choices.can_fuse_vertical(
         no_matmuls, node(0, 0), node(fusion_guard.DEFAULT_MAX_GAP + 2, fusion_guard.DEFAULT_MAX_GAP + 2), 1
     )
+
+
+class _TwoOutputs(nn.Module):
+    """Returns a linear layer's output, which the backward never reads, and its tanh, which tanh's backward reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 256)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.linear(x)
+        return hidden, torch.tanh(hidden)
+
+
+@pytest.mark.parametrize("inductor", [False, FUSED_RECOMPUTE])
+def test_an_output_the_loop_let_go_is_freed_only_where_the_plan_does_not_save_it(inductor: bool | str) -> None:
+    """A measured tail names the outputs the loop let go before the backward (storage.Tail.dropped_outputs); every
+    memory model frees one at the backward's start unless the backward reads it. (Counted in bytes, a tail learned
+    while torch.compile's partition saved HF BERT's MLM logits kept them through every later plan's backward.)"""
+    from dtr_compile.passes.storage import TAIL_META_KEY, Tail, tangent_placeholders
+
+    torch.manual_seed(0)
+    joint, n_out = decomposed_joint(_TwoOutputs(), torch.randn(32, 64, requires_grad=True))
+    annotate_costs(joint, codegen="inductor" if inductor else "fx")
+    output_bytes = 32 * 256 * 4
+    tangents = tangent_placeholders(joint.graph)
+    tangent_bytes = len(tangents) * output_bytes
+
+    def backward_start(dropped: frozenset[int]) -> tuple[int, int]:
+        for tangent in tangents:
+            tangent.meta[TAIL_META_KEY] = Tail(tangent_bytes, tangent_bytes, dropped)
+        facts = JointFacts(joint, n_out)
+        trace = build_trace(facts, set())
+        planned = emit_plan(joint, trace_as_plan(trace), num_fwd_outputs=n_out)
+        modelled = schedule_peak(planned, num_fwd_outputs=n_out, inductor=inductor)
+        simulated = simulate(facts, trace, inductor=inductor)
+        assert simulated.peak == modelled.peak_bytes
+        first_backward = next(p.bytes_live for p in modelled.timeline if p.phase == "backward")
+        assert simulated.timeline[simulated.boundary] == first_backward
+        return modelled.backward_start_bytes, first_backward
+
+    held = backward_start(frozenset())
+    assert backward_start(frozenset({0})) == tuple(b - output_bytes for b in held)  # the linear's output is freed
+    assert backward_start(frozenset({1})) == held  # the tanh is saved: letting it go frees nothing
+    assert backward_start(frozenset({0, 1})) == tuple(b - output_bytes for b in held)
