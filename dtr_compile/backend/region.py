@@ -218,7 +218,7 @@ class Region:
             return ("step", None), None
         return ("step", step_budget, self._measured_tail(runtime, step_budget)), max(1, step_budget - held)
 
-    def _measured_tail(self, runtime: Any, step_budget: int) -> Tail | None:
+    def _measured_tail(self, runtime: Any, step_budget: int, compiling: bool = False) -> Tail | None:
         """The tail to plan with: the one a step measured after this region's forward (runtime/tails.py), decided
         once, when the first is measured. None (the assumed tail, and no new plan: a compile) when the two differ
         by less than TAIL_TOLERANCE of the step's budget, or when the step that measured it already held its
@@ -227,7 +227,11 @@ class Region:
         peak: the plan left it too little room, and every later step would hold the budget by evicting the region's
         saved values while the loss runs and bringing them back (GPT-2 under bf16 autocast, whose loss upcasts the
         logits to fp32: the assumed tail was half the measured one, each step evicted 13 MiB of saved activations in
-        the loss, and the eighth could bring one back only by rerunning the whole forward, a BudgetError)."""
+        the loss, and the eighth could bring one back only by rerunning the whole forward, a BudgetError).
+        `compiling`: the region plans again whatever the tail (its first step ran FX code): no compile is saved by
+        keeping the assumed tail, so the measured one is taken. (Kept, the assumed tail's logits-sized loss put the
+        frontier's GPT-2 at a budget of torch.compile's own measured peak 5% under its modelled no-remat peak,
+        where 3% lets torch.compile's partition run: the plan recomputed instead, 1.19x torch.compile's step.)"""
         if self._tail_decided:
             return self._tail_at_planned_sizes()
         if not self.reports or not runtime.tails.decided(self.name):
@@ -258,7 +262,7 @@ class Region:
         # A plan made with the least tail stands in for the measured one whatever the two differ by: the tail it
         # leaves (None) is the assumed one, which left the budget no plan (GPT-2 fit model, CPU stand-in, batch 15:
         # a measured tail within 4 bytes of the least one, and the assumed tail's floor plan recomputed 135 ms of it).
-        if self.reports[-1].least_tail or (off > TAIL_TOLERANCE * step_budget and not on_target):
+        if compiling or self.reports[-1].least_tail or (off > TAIL_TOLERANCE * step_budget and not on_target):
             self._tail = Tail(measured.peak_bytes, measured.at_backward_bytes, measured.dropped_outputs)
         return self._tail_at_planned_sizes()
 
@@ -293,7 +297,7 @@ class Region:
         (the next step's plan, made now, with no step running), and its floor note if that plan does not fit. The
         first step's FX code (`_codegen_for`) is replaced by Inductor's even when the measured tail is the assumed one."""
         self._first_step_over = True
-        tail = self._measured_tail(runtime, step_budget)
+        tail = self._measured_tail(runtime, step_budget, compiling=self._provisional)
         if tail is None and not self._provisional:
             return None
         try:
