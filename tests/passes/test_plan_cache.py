@@ -124,3 +124,13 @@ def test_a_plan_priced_for_one_gpu_is_not_reused_on_another(monkeypatch) -> None
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     on_h100, on_h200 = _device_key(gm), _device_key(gm)
     assert on_h100 != on_h200 and "H100" in on_h100 and "tf32=" in on_h100
+
+
+def test_a_ratio_that_says_the_model_did_not_describe_the_plan_is_not_kept(cache_dir) -> None:
+    """A plan far below a graph's floor once measured 7.2x its model; kept as the graph's calibration, it held every
+    later plan of the graph, in every process, to 0.136 of its budget (plan_cache.CALIBRATION_RANGE)."""
+    key = "calibration-of-some-graph"
+    assert plan_cache.calibrate(key, 1.04)
+    assert not plan_cache.calibrate(key, 7.2) and not plan_cache.calibrate(key, 0.3)
+    plan_cache.clear_memory()  # a fresh process reads it from disk
+    assert plan_cache.calibration(key) == pytest.approx(1.04)
