@@ -579,8 +579,7 @@ def _step_id(runtime: Any) -> tuple[int, int] | None:
 
 def _let_go_bytes(report: PlanReport, tail: Any) -> int:
     """Bytes of the region's outputs that `tail` says the program let go before the backward (storage.Tail)."""
-    output = next(n for n in reversed(report.joint.graph.nodes) if n.op == "output")
-    outputs = list(output.args[0])[: report.num_fwd_outputs]
+    outputs = report.forward_outputs
     dropped = {outputs[p] for p in tail.dropped_outputs if p < len(outputs) and isinstance(outputs[p], fx.Node)}
     return sum(tensor_nbytes(node.meta.get("val")) for node in dropped)
 

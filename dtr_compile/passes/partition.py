@@ -137,6 +137,12 @@ class PlanReport:
         return self.planned_peak is self.no_remat and self.pinned_no_remat_bytes is not None
 
     @property
+    def forward_outputs(self) -> list[Any]:
+        """The joint graph's forward outputs, in order (what storage.Tail.dropped_outputs' positions index)."""
+        output = next(n for n in reversed(self.joint.graph.nodes) if n.op == "output")
+        return list(output.args[0])[: self.num_fwd_outputs]
+
+    @property
     def loop_drops_outputs(self) -> bool:
         """Does the training loop this plan was made for let the region's outputs go before the backward? Its tail
         says so: what it holds at the backward's start is less than the incoming gradients, as after
@@ -151,11 +157,9 @@ class PlanReport:
             return True
         # A measured tail names the outputs let go (storage.Tail.dropped_outputs); verify.py lets them all go or
         # none, so all of them but scalars (the loss the loop calls backward on, held through it) must be.
-        output = next(n for n in reversed(self.joint.graph.nodes) if n.op == "output")
-        outputs = list(output.args[0])[: self.num_fwd_outputs]
         held = [
             position
-            for position, node in enumerate(outputs)
+            for position, node in enumerate(self.forward_outputs)
             if position not in tail.dropped_outputs
             and isinstance(node, fx.Node)
             and tensor_nbytes(node.meta.get("val")) > _SCALAR_BYTES
