@@ -159,7 +159,7 @@ def _plan_again_with_the_assumed_tail(monkeypatch: pytest.MonkeyPatch) -> None:
     the region is compiled again (at its next call), with the same plan."""
     from dtr_compile.backend import region
 
-    def measured_tail(self: region.Region, runtime, step_budget: int):
+    def measured_tail(self: region.Region, runtime, step_budget: int, compiling: bool = False):
         if not self._tail_decided and self.reports and runtime.tails.decided(self.name):
             self._tail_decided = True
             self._tail = self.reports[-1].tail
