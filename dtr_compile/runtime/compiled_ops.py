@@ -142,10 +142,15 @@ class CompiledPart:
             runtime.failed = True
             raise
         if ends_forward:
-            outputs = [
-                runtime.index.lookup(r) if isinstance(r, torch.Tensor) else None
-                for r in list(results)[: self.forward_outputs]
-            ]
+            # The outputs' storages matter only while the region's tail is being learned (tails.py)
+            outputs = (
+                []
+                if runtime.tails.decided(tail_of[0])
+                else [
+                    runtime.index.lookup(r) if isinstance(r, torch.Tensor) else None
+                    for r in list(results)[: self.forward_outputs]
+                ]
+            )
             runtime.tails.forward_returned(tail_of[0], held_bytes, outputs)
         return results
 

@@ -59,9 +59,7 @@ class TailMeter:
     """The open windows of the current step, one per region whose forward returned and whose backward has not
     begun, and the tails learned so far, by region name."""
 
-    def __init__(
-        self, engine: Engine, viewed: Callable[[Storage, frozenset[int]], bool] = lambda storage, besides: True
-    ) -> None:
+    def __init__(self, engine: Engine, viewed: Callable[[Storage, frozenset[int]], bool]) -> None:
         """`viewed(storage, besides)`: does a tensor of the program (not one autograd saved, nor one whose id is in
         `besides`) view the storage now?"""
         self.engine = engine

@@ -75,3 +75,37 @@ def test_the_peak_is_net_of_an_older_value_dropped_after_the_window_began_alloca
     grad = _op(engine, "nll_loss_backward", [x], 100)
     _op(engine, "log_softmax_backward", [grad], 100)
     assert (unseen_first.peak, unseen_first.released, unseen_first.dropped) == (200, 0, 100)
+
+
+def test_an_older_value_is_dropped_once_however_often_a_recompute_brings_it_back() -> None:
+    """A dead value comes back as the input of a recompute and is freed again after it: that free is no drop of the
+    program's. Counted each time, GPT-2 run op by op far below its floor measured a tail of -647 MiB."""
+    engine = Engine(budget_bytes=250)
+    x = engine.constant(0)
+    a = _op(engine, "a", [x], 100)
+    window = engine.open_window()
+    b = _op(engine, "b", [a], 100)
+    engine.drop_handle(a)  # the program lets `a` go: one drop
+    for _ in range(3):
+        c = _op(engine, "c", [x], 200)  # evicts `b`
+        assert not b.resident
+        engine.drop_handle(c)
+        engine.reserve([b], 0, "use")  # recomputes `b`, bringing `a` back and freeing it again
+        engine.abandon([b])
+        assert b.resident and not a.resident
+    assert window.dropped == 100
+
+
+def test_a_value_dead_before_the_window_opened_is_no_drop_when_a_recompute_brings_it_back() -> None:
+    engine = Engine(budget_bytes=250)
+    x = engine.constant(0)
+    a = _op(engine, "a", [x], 100)
+    b = _op(engine, "b", [a], 100)
+    engine.drop_handle(a)
+    window = engine.open_window()
+    c = _op(engine, "c", [x], 200)  # evicts `b`
+    engine.drop_handle(c)
+    engine.reserve([b], 0, "use")  # `a` comes back for `b` and goes again
+    engine.abandon([b])
+    assert b.resident and not a.resident
+    assert (window.dropped, window.released) == (0, 0)
