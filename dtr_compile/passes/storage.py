@@ -78,6 +78,17 @@ class Tail:
 TAIL_META_KEY = "dtr_tail"
 
 
+def tangents_held_through_backward() -> bool:
+    """Does the autograd engine hold a compiled backward's incoming gradients until that backward returns? Under
+    torch 2.11 (the lent GPUs' release: no `boxed_grads_call`, compat.FREES_BACKWARD_GRADS) it does, and every memory
+    model keeps the tangents live to the backward's end; from 2.13 the backward frees each after its last read. Kept
+    to their last read under 2.11, the FX plans of a model whose loss's gradient is the logits' (4 MiB on a 36 MiB
+    step) measured one logits above their model. Read at call time, so a test can stand in for either release."""
+    from .. import compat
+
+    return not compat.FREES_BACKWARD_GRADS
+
+
 def tangent_placeholders(graph: fx.Graph) -> list[fx.Node]:
     """The joint graph's (or a backward's) incoming gradients, in order: AOTAutograd names them `tangents_*`."""
     return [n for n in graph.find_nodes(op="placeholder") if n.name.startswith("tangents")]

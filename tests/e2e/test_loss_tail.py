@@ -19,6 +19,15 @@ from dtr_compile.measure import measure_peak
 from dtr_compile.passes.storage import Tail
 
 VOCAB, BATCH = 2048, 512  # logits of 4 MiB: the loss's tail dominates the step
+# The loss's value (a 0-d tensor, 8 bytes as the runtime rounds it) is held at the backward's start. A first step
+# under torch 2.11 sees the loss's forward (and counts it); under 2.13 that forward runs unseen inside TorchDynamo's
+# frame (engine/window.py), so a measured tail may carry these few bytes or not.
+LOSS_VALUE_BYTES = 16
+
+
+def _about(measured: int, expected: int) -> bool:
+    """`measured` is `expected`, give or take the loss's value (LOSS_VALUE_BYTES)."""
+    return expected <= measured <= expected + LOSS_VALUE_BYTES
 
 
 def _model() -> nn.Module:
@@ -54,6 +63,7 @@ def _train(
     return [p.grad.clone() for p in model.parameters()], measured.peak_bytes
 
 
+@pytest.mark.compat  # what a first step sees of the loss differs by release (torch 2.11: all of it)
 def test_a_budget_below_the_floor_names_a_floor_that_runs() -> None:
     model = _model()
     x, y = _batch()
@@ -202,6 +212,7 @@ def _deep_model() -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(1024, VOCAB))
 
 
+@pytest.mark.compat  # what a first step sees of the loss differs by release (torch 2.11: all of it)
 @pytest.mark.parametrize("holds_outputs", [False, True])
 def test_the_first_step_measures_the_loss_and_the_region_plans_with_it(holds_outputs: bool) -> None:
     """The first step measures what the loss holds after the forward (runtime/tails.py): here its log-softmax and
@@ -233,20 +244,24 @@ def test_the_first_step_measures_the_loss_and_the_region_plans_with_it(holds_out
         learned_tails = STEPS.here.runtime.tails.learned
     region = _newest_region(learned_tails)
     learned = learned_tails[region.name]
-    assert learned.peak_bytes == 2 * logits
+    # Where the loop holds the logits, the log-softmax made beside them is a third logits' worth; a first step under
+    # torch 2.13 does not see it made (its loss forward runs inside TorchDynamo's frame), one under 2.11 does.
+    assert _about(learned.peak_bytes, 2 * logits) or holds_outputs and _about(learned.peak_bytes, 3 * logits), learned
     # The logits' gradient is held at the backward's start; the logits' drop, where the loop lets them go, is noted
     # as an output let go (what it frees depends on the plan, which may save them: storage.Tail.dropped_outputs).
-    assert learned.at_backward_bytes == logits
+    assert _about(learned.at_backward_bytes, logits), learned
     assert learned.dropped_outputs == (frozenset() if holds_outputs else {0})
     first, last = region.reports[0], region.reports[-1]
     assert abs(last.no_remat.peak_bytes - measured.peak_bytes) <= 0.01 * measured.peak_bytes, (
         last.no_remat.peak_bytes,
         measured.peak_bytes,
     )
-    if holds_outputs:
+    if holds_outputs and _about(learned.peak_bytes, 2 * logits):
         assert len(region.reports) == 1  # the assumed tail was right to within TAIL_TOLERANCE: no new plan
+    elif holds_outputs:  # the log-softmax seen (torch 2.11): a tail one logits above the assumed one, planned with
+        assert len(region.reports) == 2 and last.tail.peak_bytes == learned.peak_bytes, region.reports
     else:
-        assert first.no_remat.peak_bytes - last.no_remat.peak_bytes == logits
+        assert _about(logits, first.no_remat.peak_bytes - last.no_remat.peak_bytes)
 
 
 class _Box:
@@ -256,6 +271,7 @@ class _Box:
         self.value, self.me = value, self
 
 
+@pytest.mark.compat  # what a first step sees of the loss differs by release (torch 2.11: all of it)
 def test_what_only_cyclic_garbage_holds_is_not_counted_in_the_tail() -> None:
     """A step whose logits, let go by the loop, are still held by a reference cycle when the backward begins: the
     first step's compile left the model's output in one that way (Dynamo's frame of the loss, a traceback's cycle:
@@ -283,7 +299,7 @@ def test_what_only_cyclic_garbage_holds_is_not_counted_in_the_tail() -> None:
         learned_tails = STEPS.here.runtime.tails.learned
     learned = learned_tails[_newest_region(learned_tails).name]
     # the logits' gradient in, the logits out
-    assert learned.at_backward_bytes == BATCH * VOCAB * 4 and learned.dropped_outputs == {0}, learned
+    assert _about(learned.at_backward_bytes, BATCH * VOCAB * 4) and learned.dropped_outputs == {0}, learned
 
 
 class _LossInItsOwnGraph(nn.Module):
@@ -300,6 +316,7 @@ class _LossInItsOwnGraph(nn.Module):
         return torch.logsumexp(logits, dim=-1).mean()
 
 
+@pytest.mark.compat  # what a first step sees of the loss differs by release (torch 2.11: all of it)
 def test_a_loss_in_its_own_graph_leaves_the_model_region_its_measured_tail() -> None:
     """A region whose forward leaves at most 1% of the budget held (a loss in its own graph) does not keep the
     region before it from learning its tail (runtime/tails.py `LIGHT`): what it holds in that region's window is
@@ -327,8 +344,8 @@ def test_a_loss_in_its_own_graph_leaves_the_model_region_its_measured_tail() -> 
     learned = tails.learned[model_region.name]
     # its backward: exp(logits - lse) and the gradient; its forward left the log-sum-exp, a float per row
     # (and at the backward's start only the logits' gradient, the logits let go)
-    assert logits <= learned.peak_bytes <= 2 * logits + BATCH * 4, learned
-    assert learned.at_backward_bytes <= logits + 16 and learned.dropped_outputs == {0}, learned
+    assert logits <= learned.peak_bytes <= 2 * logits + BATCH * 4 + LOSS_VALUE_BYTES, learned
+    assert learned.at_backward_bytes <= logits + LOSS_VALUE_BYTES and learned.dropped_outputs == {0}, learned
     assert model_region.reports[-1].tail == Tail(
         learned.peak_bytes, learned.at_backward_bytes, learned.dropped_outputs
     ), model_region.reports
@@ -413,6 +430,7 @@ def test_a_tail_larger_than_assumed_is_planned_with_even_when_the_step_landed_on
     assert TAIL_BAND * budget <= measured.peak_bytes <= budget
 
 
+@pytest.mark.compat  # what a first step sees of the loss differs by release (torch 2.11: all of it)
 def test_under_bf16_autocast_the_tail_holds_the_gradient_the_autograd_engine_casts() -> None:
     """Under bf16 autocast the loss upcasts the bf16 logits to fp32, and their gradient comes back in fp32: the autograd
     engine casts it to bf16 in C++, where the runtime's dispatch mode does not see it allocated. It is the backward's
@@ -436,7 +454,7 @@ def test_under_bf16_autocast_the_tail_holds_the_gradient_the_autograd_engine_cas
     learned = learned_tails[region.name]
     logits = BATCH * VOCAB * 2  # bf16
     # The loop let the logits go and holds their gradient instead: nothing above the forward's end.
-    assert learned.at_backward_bytes == logits and learned.dropped_outputs == {0}, (learned, logits)
+    assert _about(learned.at_backward_bytes, logits) and learned.dropped_outputs == {0}, (learned, logits)
     assert learned.peak_bytes >= 2 * logits  # the fp32 copy of the logits, at least
 
 
