@@ -4,10 +4,14 @@
 #
 #   bash tools/gpu_check.sh                  # about 9.5 minutes on an H100 with cold caches: run it with timeout_s 600
 #   FRONTIER_S=0 bash tools/gpu_check.sh     # the tests only
+#   TESTS_S=0 FRONTIER_S=0 PAIR_PROFILE_S=150 bash tools/gpu_check.sh
+#                                            # selective checkpointing against backend="dtr" at its peak, profiled
+#                                            # (tools/sac_pair_profile.py: kernels against the runtime's Python)
 #   TESTS_S=0 METHODS="compile hf_ckpt_compile dtr_inductor" FRONTIER_S=240 bash tools/gpu_check.sh
 #                                            # checkpointing alone and backend="dtr" at its peak and twice it
 #
-# The frontier runs torch.compile, per-block checkpointing, selective checkpointing and the knob at 0.5 (METHODS),
+# The frontier runs torch.compile, per-block checkpointing, the knob at 0.5 and selective checkpointing (METHODS;
+# the knob before selective checkpointing: its pair is one of issue 17's targets),
 # each alone, then backend="dtr" with no budget (and at BUDGETS, fractions of torch.compile's peak, when set), and
 # backend="dtr" at each peer's measured peak, in one process with that peer (the equal-memory pairs: their step-time
 # ratio is issue 17's claim). Each pair starts as soon as its peer's run ends (bench/runner.py), so a frontier cut by
@@ -21,6 +25,8 @@
 # Lessons of the first GPU session: run the frontier with --jobs 1 (four runs at once shared the GPU and made every
 # time ratio meaningless); torch.compile's first call took 20-56 s per process there; an infeasible budget is rerun
 # at the floor its BudgetError names, so give the frontier room for one more run per model.
+# The H200 session of 2026-11-28 15:55 UTC: tests 63 s; FRONTIER_S=470 held torch.compile, checkpointing, selective
+# checkpointing and their three pairs; the knob and dtr with no budget were cut (hence the knob now runs earlier).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/gpu-out}
@@ -37,9 +43,14 @@ fi
 echo "tests done at $(( $(date +%s) - start )) s"
 if [ "${FRONTIER_S:-490}" -gt 0 ]; then
   DTR_COMPILE_CACHE_DIR=$(mktemp -d) timeout "${FRONTIER_S:-490}" python3 -m dtr_compile.bench --frontier \
-    --size full --models gpt2 --dtypes ${DTYPES:-fp32} --methods ${METHODS:-compile hf_ckpt_compile sac_compile amb_inductor dtr_inductor} \
+    --size full --models gpt2 --dtypes ${DTYPES:-fp32} --methods ${METHODS:-compile hf_ckpt_compile amb_inductor sac_compile dtr_inductor} \
     --knob 0.5 --dtr-budgets ${BUDGETS-} --steps 10 --jobs 1 --timeout 200 --out "$OUT/frontier" \
     2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tee "$OUT/frontier.log" | grep -v "^|"
+fi
+if [ "${PAIR_PROFILE_S:-0}" -gt 0 ]; then  # where selective checkpointing's pair spends its time, kernel by kernel
+  DTR_COMPILE_CACHE_DIR=$(mktemp -d) timeout "$PAIR_PROFILE_S" python3 tools/sac_pair_profile.py --size full \
+    > "$OUT/sac_pair_profile.log" 2>&1
+  grep -E "^selective|^median|^region" "$OUT/sac_pair_profile.log"
 fi
 [ -f "$OUT/frontier/frontier.csv" ] && python3 -m dtr_compile.bench --frontier --report-only --out "$OUT/frontier" \
   > /dev/null 2>&1  # the tables and plot of the rows saved, also when the frontier was cut by its time limit
