@@ -5,8 +5,9 @@
 #   bash tools/gpu_check.sh                  # about 9.5 minutes on an H100 with cold caches: run it with timeout_s 600
 #   FRONTIER_S=0 bash tools/gpu_check.sh     # the tests only
 #   TESTS_S=0 FRONTIER_S=0 PAIR_PROFILE_S=150 bash tools/gpu_check.sh
-#                                            # selective checkpointing against backend="dtr" at its peak, profiled
-#                                            # (tools/sac_pair_profile.py: kernels against the runtime's Python)
+#                                            # checkpointing, then selective checkpointing (PAIR_PEERS), each against
+#                                            # backend="dtr" at its peak, profiled
+#                                            # (tools/pair_profile.py: kernels against the runtime's Python)
 #   TESTS_S=0 METHODS="compile hf_ckpt_compile dtr_inductor" FRONTIER_S=240 bash tools/gpu_check.sh
 #                                            # checkpointing alone and backend="dtr" at its peak and twice it
 #
@@ -47,10 +48,12 @@ if [ "${FRONTIER_S:-490}" -gt 0 ]; then
     --knob 0.5 --dtr-budgets ${BUDGETS-} --steps 10 --jobs 1 --timeout 200 --out "$OUT/frontier" \
     2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tee "$OUT/frontier.log" | grep -v "^|"
 fi
-if [ "${PAIR_PROFILE_S:-0}" -gt 0 ]; then  # where selective checkpointing's pair spends its time, kernel by kernel
-  DTR_COMPILE_CACHE_DIR=$(mktemp -d) timeout "$PAIR_PROFILE_S" python3 tools/sac_pair_profile.py --size full \
-    > "$OUT/sac_pair_profile.log" 2>&1
-  grep -E "^selective|^median|^region" "$OUT/sac_pair_profile.log"
+if [ "${PAIR_PROFILE_S:-0}" -gt 0 ]; then  # where each equal-memory pair spends its time, kernel by kernel
+  for peer in ${PAIR_PEERS:-checkpoint sac}; do  # PAIR_PROFILE_S each
+    DTR_COMPILE_CACHE_DIR=$(mktemp -d) timeout "$PAIR_PROFILE_S" python3 tools/pair_profile.py --peer "$peer" \
+      --size full > "$OUT/pair_profile_$peer.log" 2>&1
+    grep -E "'s peak|^median|^region" "$OUT/pair_profile_$peer.log"
+  done
 fi
 [ -f "$OUT/frontier/frontier.csv" ] && python3 -m dtr_compile.bench --frontier --report-only --out "$OUT/frontier" \
   > /dev/null 2>&1  # the tables and plot of the rows saved, also when the frontier was cut by its time limit
