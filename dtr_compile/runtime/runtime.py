@@ -247,7 +247,7 @@ class Runtime:
         engine.budget_bytes = None
         for storage in self.index.close():
             buffer(storage).detach()
-            engine.release(storage)
+            engine.release(storage, step_over=True)
         self._log_cells.clear()
 
     def backward_began(self) -> None:

@@ -109,3 +109,17 @@ def test_a_value_dead_before_the_window_opened_is_no_drop_when_a_recompute_bring
     engine.abandon([b])
     assert b.resident and not a.resident
     assert (window.dropped, window.released) == (0, 0)
+
+
+def test_a_storage_released_once_the_step_is_over_joins_no_eviction_class() -> None:
+    """At a step's end the runtime releases every storage it tracked (runtime.end_step): nothing will be evicted or
+    recomputed any more, so they join no eviction class (a hundred of them took 12 ms a step). Released mid-step,
+    a storage joins its evicted neighbours' class, as any eviction does."""
+    engine = Engine(budget_bytes=None)
+    x = engine.constant(0)
+    a = _op(engine, "a", [x], 100)
+    b = _op(engine, "b", [a], 100)
+    engine.release(a)
+    assert not a.resident and a.eq is not None and engine.memory == 100
+    engine.release(b, step_over=True)
+    assert not b.resident and b.eq is None and engine.memory == 0
