@@ -30,8 +30,8 @@ from .storage import (
     StorageMap,
     assumed_tail,
     let_go_keys,
+    model_holds_tangents,
     tangent_placeholders,
-    tangents_held_through_backward,
 )
 
 
@@ -166,7 +166,7 @@ def graph_peak(graph: fx.Graph, *, num_fwd_outputs: int, inductor: bool | str = 
             live.discard(key)
             memory -= counted(key)
     backward_start = memory
-    held_tangents = {k for t in tangents for k in storages.keys[t]} if tangents_held_through_backward() else set()
+    held_tangents = {k for t in tangents for k in storages.keys[t]} if model_holds_tangents(inductor) else set()
     run(backward_ops, last_bwd, "backward", held_tangents)
     return PeakModel(peak, peak_node, tuple(timeline), saved_bytes, backward_start)
 

@@ -31,8 +31,8 @@ from .storage import (
     StorageMap,
     assumed_tail,
     let_go_keys,
+    model_holds_tangents,
     rng_state_nbytes,
-    tangents_held_through_backward,
 )
 
 Version = int  # 0 = the original computation of a node, k >= 1 = its k-th recomputation
@@ -665,7 +665,7 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
                 live.discard((key, 0))
                 memory -= nbytes[key]
         held_tangents = (
-            {(k, 0) for t in facts.tangents for k in facts.keys[t]} if tangents_held_through_backward() else set()
+            {(k, 0) for t in facts.tangents for k in facts.keys[t]} if model_holds_tangents(inductor) else set()
         )
         run(boundary, len(keyed), last_bwd, held_tangents)
     except _OverLimit:
