@@ -43,7 +43,7 @@ import numpy as np
 from torch import fx
 
 from .schedule import JointFacts
-from .storage import StorageKey, assumed_tail, let_go_keys, model_holds_tangents
+from .storage import StorageKey, assumed_tail, let_go_keys
 
 __all__ = ["IlpSolution", "plan_peak", "solve_ilp"]
 
@@ -131,10 +131,9 @@ class _Model:
                     last_read[k] = t
         start: dict[StorageKey, int] = {}
         end: dict[StorageKey, int] = {}
-        held_tangents = model_holds_tangents(False)  # the ILP models FX code (storage.model_holds_tangents)
         for tangent in facts.tangents:
             for k in facts.keys[tangent]:
-                start[k], end[k] = -1, T if held_tangents else last_read.get(k, T)
+                start[k], end[k] = -1, last_read.get(k, T)
         for t, node in enumerate(self.backward):
             for k in facts.own[node]:
                 start[k], end[k] = t, T if k in forever else max(t, last_read.get(k, t))

@@ -25,14 +25,7 @@ from .inlining import FUSED_RECOMPUTE, InlineDecider, inductor_inlined, is_loop,
 from .kernel_groups import KernelSpans, keeps_local_values, kernel_spans, loop_elements
 from .meta import DTR_META_KEY
 from .rewrite import RECOMPUTE_META_KEY
-from .storage import (
-    StorageKey,
-    StorageMap,
-    assumed_tail,
-    let_go_keys,
-    model_holds_tangents,
-    tangent_placeholders,
-)
+from .storage import StorageKey, StorageMap, assumed_tail, let_go_keys, tangent_placeholders
 
 
 @dataclass(frozen=True)
@@ -166,8 +159,7 @@ def graph_peak(graph: fx.Graph, *, num_fwd_outputs: int, inductor: bool | str = 
             live.discard(key)
             memory -= counted(key)
     backward_start = memory
-    held_tangents = {k for t in tangents for k in storages.keys[t]} if model_holds_tangents(inductor) else set()
-    run(backward_ops, last_bwd, "backward", held_tangents)
+    run(backward_ops, last_bwd, "backward", set())
     return PeakModel(peak, peak_node, tuple(timeline), saved_bytes, backward_start)
 
 

@@ -25,15 +25,7 @@ from torch import fx
 from .inlining import FUSED_RECOMPUTE, InlineDecider, inline_kind, is_loop, is_pointwise, is_view, sunk_order
 from .kernel_groups import KernelSpans, keeps_local_values, kernel_spans, loop_elements
 from .meta import NodeCost, cost_of
-from .storage import (
-    RNG_STATE_INDEX,
-    StorageKey,
-    StorageMap,
-    assumed_tail,
-    let_go_keys,
-    model_holds_tangents,
-    rng_state_nbytes,
-)
+from .storage import RNG_STATE_INDEX, StorageKey, StorageMap, assumed_tail, let_go_keys, rng_state_nbytes
 
 Version = int  # 0 = the original computation of a node, k >= 1 = its k-th recomputation
 SimKey = tuple[StorageKey, Version]  # one storage of one version of a value
@@ -664,10 +656,7 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
             if (key, 0) in live and (key, 0) not in last_bwd:
                 live.discard((key, 0))
                 memory -= nbytes[key]
-        held_tangents = (
-            {(k, 0) for t in facts.tangents for k in facts.keys[t]} if model_holds_tangents(inductor) else set()
-        )
-        run(boundary, len(keyed), last_bwd, held_tangents)
+        run(boundary, len(keyed), last_bwd, set())
     except _OverLimit:
         complete = False
     else:

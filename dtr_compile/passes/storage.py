@@ -78,29 +78,6 @@ class Tail:
 TAIL_META_KEY = "dtr_tail"
 
 
-def tangents_held_through_backward() -> bool:
-    """Does the autograd engine hold a compiled backward's incoming gradients until that backward returns? Under
-    torch 2.11 (the lent GPUs' release: no `boxed_grads_call`, compat.FREES_BACKWARD_GRADS) it does, and every memory
-    model keeps the tangents live to the backward's end; from 2.13 the backward frees each after its last read. Kept
-    to their last read under 2.11, the FX plans of a model whose loss's gradient is the logits' (4 MiB on a 36 MiB
-    step) measured one logits above their model. Read at call time, so a test can stand in for either release."""
-    from .. import compat
-
-    return not compat.FREES_BACKWARD_GRADS
-
-
-def model_holds_tangents(inductor: bool | str) -> bool:
-    """Does the memory model `inductor` (False: the exact one, FX code's) keep the tangents to the backward's end?
-    Where the release holds them (`tangents_held_through_backward`), only the exact model does. The Inductor models
-    count the backward's own pointwise chains unfused, each intermediate a buffer where Inductor's kernel allocates
-    one, and that overstates the backward by more than the held tangent. On the CPU stand-in's GPT-2 under 2.11 at
-    checkpointing's peak, the profiled backward reached 46.3 MiB. The model said 55.1 MiB with the tangent held and
-    47.1 without it, and with it held the plan recomputed 14% more and measured 0.941 of its budget, not 0.977. On the
-    H200 under 2.11, plans made without it measured within 0.5% of their model at every level. The two errors offset
-    until the chains are modelled as Inductor fuses them."""
-    return not inductor and tangents_held_through_backward()
-
-
 def tangent_placeholders(graph: fx.Graph) -> list[fx.Node]:
     """The joint graph's (or a backward's) incoming gradients, in order: AOTAutograd names them `tangents_*`."""
     return [n for n in graph.find_nodes(op="placeholder") if n.name.startswith("tangents")]

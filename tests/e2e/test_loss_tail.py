@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import dtr_compile
+from dtr_compile import compat
 from dtr_compile.measure import measure_peak
 from dtr_compile.passes.storage import Tail
 
@@ -213,6 +214,15 @@ def _deep_model() -> nn.Module:
 
 
 @pytest.mark.compat  # what a first step sees of the loss differs by release (torch 2.11: all of it)
+@pytest.mark.xfail(
+    not compat.FREES_BACKWARD_GRADS,
+    strict=True,
+    reason="a known gap under torch 2.11: the autograd engine holds the logits' gradient (the backward's incoming "
+    "gradient) until the compiled backward returns, and the memory models free it after its last read, so the step "
+    "measures one logits above the model. Holding it in the models was tried and undone: whether the engine holds it "
+    "depends on the loss (a sum's expanded gradient is copied by AOTAutograd, and the copy is freed early), and with "
+    "it held the compat tests' GPT-2 measured 0.84 of its model (BENCHMARKS.md section 7)",
+)
 @pytest.mark.parametrize("holds_outputs", [False, True])
 def test_the_first_step_measures_the_loss_and_the_region_plans_with_it(holds_outputs: bool) -> None:
     """The first step measures what the loss holds after the forward (runtime/tails.py): here its log-softmax and

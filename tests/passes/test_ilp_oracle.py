@@ -13,7 +13,6 @@ import torch
 from tiny_models import Residual
 from torch import nn
 
-from dtr_compile import compat
 from dtr_compile.backend import make_backend
 from dtr_compile.errors import BudgetError
 from dtr_compile.passes.ilp import plan_peak, solve_ilp
@@ -49,12 +48,8 @@ def _plan(name: str, budget: int | None, *, start_from_min_cut: bool = True):
     return backend.reports[-1]
 
 
-@pytest.mark.parametrize("tangents_held", [False, True])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_the_ilps_memory_model_of_the_plan_is_the_planners(name: str, tangents_held: bool, monkeypatch) -> None:
-    """Under either release's handling of a backward's incoming gradients (freed after their last read from torch
-    2.13, held to the backward's end under 2.11: storage.tangents_held_through_backward)."""
-    monkeypatch.setattr(compat, "FREES_BACKWARD_GRADS", not tangents_held)
+def test_the_ilps_memory_model_of_the_plan_is_the_planners(name: str) -> None:
     no_remat = _plan(name, None).no_remat.peak_bytes
     checked = 0
     for fraction in FRACTIONS:

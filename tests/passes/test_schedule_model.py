@@ -50,15 +50,10 @@ def test_simulation_equals_model_of_emitted_graph(inductor: bool | str) -> None:
         assert not above.complete and above.peak == simulated.peak and len(above.timeline) <= len(simulated.timeline)
 
 
-def test_fused_recompute_model_inlines_only_recomputes(monkeypatch) -> None:
+def test_fused_recompute_model_inlines_only_recomputes() -> None:
     """FUSED_RECOMPUTE is the exact model except inside recompute bursts (the recomputed pointwise ops live in
     Inductor's kernels, not in buffers): equal to it with nothing dropped and in the forward, apart from it in the
-    backward once everything is recomputed, its peak between the Inductor model's and the exact one's. (With the
-    incoming gradients freed after their last read, as from torch 2.13: where the release holds them, only the exact
-    model does, storage.model_holds_tangents.)"""
-    from dtr_compile import compat
-
-    monkeypatch.setattr(compat, "FREES_BACKWARD_GRADS", True)
+    backward once everything is recomputed, its peak between the Inductor model's and the exact one's."""
     joint, n_out = decomposed_joint(*_model())
     annotate_costs(joint, codegen="inductor")
     facts = JointFacts(joint, n_out)
@@ -209,43 +204,3 @@ def test_an_output_the_loop_let_go_is_freed_only_where_the_plan_does_not_save_it
     assert backward_start(frozenset({0})) == tuple(b - output_bytes for b in held)  # the linear's output is freed
     assert backward_start(frozenset({1})) == held  # the tanh is saved: letting it go frees nothing
     assert backward_start(frozenset({0, 1})) == tuple(b - output_bytes for b in held)
-
-
-@pytest.mark.parametrize("inductor", [False, FUSED_RECOMPUTE])
-def test_a_release_that_holds_the_incoming_gradients_keeps_them_to_the_backward_s_end(inductor, monkeypatch) -> None:
-    """Under torch 2.11 (no `boxed_grads_call`) the autograd engine holds a compiled backward's incoming gradients
-    until it returns; from 2.13 the backward frees each after its last read. Both forms of the exact model (FX code's)
-    follow the release: after the tangent's last read, every point of the backward is one tangent higher where it is
-    held. The Inductor model does not: it overstates the backward's pointwise chains by more than the tangent
-    (storage.model_holds_tangents)."""
-    from dtr_compile import compat
-    from dtr_compile.passes.storage import tangent_placeholders
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 512))
-    joint, n_out = decomposed_joint(model, torch.randn(32, 64, requires_grad=True))
-    annotate_costs(joint, codegen="inductor" if inductor else "fx")
-    assert len(tangent_placeholders(joint.graph)) == 1
-    tangent_bytes = 32 * 512 * 4
-
-    def backward_timeline(held: bool) -> tuple[list[int], int]:
-        monkeypatch.setattr(compat, "FREES_BACKWARD_GRADS", not held)
-        facts = JointFacts(joint, n_out)
-        trace = build_trace(facts, set())
-        planned = emit_plan(joint, trace_as_plan(trace), num_fwd_outputs=n_out)
-        modelled = schedule_peak(planned, num_fwd_outputs=n_out, inductor=inductor)
-        simulated = simulate(facts, trace, inductor=inductor)
-        assert simulated.peak == modelled.peak_bytes
-        backward = [p.bytes_live for p in modelled.timeline if p.phase == "backward"]
-        assert simulated.timeline[simulated.boundary :] == backward
-        return backward, modelled.peak_bytes
-
-    freed, freed_peak = backward_timeline(held=False)
-    held, held_peak = backward_timeline(held=True)
-    if inductor:
-        assert (held, held_peak) == (freed, freed_peak)
-        return
-    assert held[0] == freed[0]  # read by the first backward op: live there either way
-    assert {h - f for h, f in zip(held, freed)} == {0, tangent_bytes}
-    assert held[-1] - freed[-1] == tangent_bytes
-    assert freed_peak <= held_peak <= freed_peak + tangent_bytes
