@@ -220,8 +220,9 @@ def _deep_model() -> nn.Module:
     reason="a known gap under torch 2.11: the autograd engine holds the logits' gradient (the backward's incoming "
     "gradient) until the compiled backward returns, and the memory models free it after its last read, so the step "
     "measures one logits above the model. Holding it in the models was tried and undone: whether the engine holds it "
-    "depends on the loss (a sum's expanded gradient is copied by AOTAutograd, and the copy is freed early), and with "
-    "it held the compat tests' GPT-2 measured 0.84 of its model (BENCHMARKS.md section 7)",
+    "seems to depend on the loss (a sum's expanded gradient may be copied by AOTAutograd and the copy freed early: "
+    "not checked), and with it held the compat tests' GPT-2, whose loss is a sum, measured 0.84 of its model "
+    "(BENCHMARKS.md section 7)",
 )
 @pytest.mark.parametrize("holds_outputs", [False, True])
 def test_the_first_step_measures_the_loss_and_the_region_plans_with_it(holds_outputs: bool) -> None:
