@@ -1,4 +1,4 @@
-"""A peer (selective or per-block checkpointing) against backend="dtr" at the peer's measured peak, in one process,
+"""A peer (selective or per-block checkpointing, or PyTorch's knob) against backend="dtr" at the peer's measured peak, in one process,
 with a profile of each step.
 
 The frontier (`python -m dtr_compile.bench --frontier`) times these pairs; this tool says where the time goes. Both
@@ -7,7 +7,7 @@ copies of the model. Their steps are interleaved as the frontier's pairs are (me
 synchronized wall time on CUDA), then one profiled step of each prints its ops by self time, so kernels and the
 runtime's own Python can be told apart (BENCHMARKS.md section 7).
 
-    python tools/pair_profile.py [--peer sac|checkpoint] [--size small] [--model gpt2]
+    python tools/pair_profile.py [--peer sac|checkpoint|knob] [--knob 0.5] [--size small] [--model gpt2]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import argparse
 from collections.abc import Callable
 
 import torch
+import torch._functorch.config
 from torch.profiler import ProfilerActivity, profile
 
 from dtr_compile.bench.methods import Budget, get_method
@@ -23,7 +24,7 @@ from dtr_compile.bench.models import build_model
 from dtr_compile.bench.timing import interleaved, median, timed
 from dtr_compile.measure import measure_peak
 
-PEERS = {"sac": "sac_compile", "checkpoint": "hf_ckpt_compile"}
+PEERS = {"sac": "sac_compile", "checkpoint": "hf_ckpt_compile", "knob": "amb_inductor"}
 
 
 def main() -> None:
@@ -32,6 +33,7 @@ def main() -> None:
     parser.add_argument("--size", default="small")
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--peer", choices=sorted(PEERS), default="sac")
+    parser.add_argument("--knob", type=float, default=0.5, help="the knob's activation_memory_budget (--peer knob)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -47,9 +49,12 @@ def main() -> None:
 
         return fresh_step
 
-    peer_step = prepare(PEERS[args.peer], Budget(None, None))
+    peer_step = prepare(PEERS[args.peer], Budget(args.knob if args.peer == "knob" else None, None))
     for _ in range(2):
         peer_step()
+    # The knob is read by the min-cut partitioner when a graph compiles, for the whole process: the peer has compiled,
+    # and backend="dtr" starts from torch.compile's own partition, so it goes back to its default
+    torch._functorch.config.activation_memory_budget = 1.0
     _, measured = measure_peak(peer_step, device)
     dtr_step = prepare("dtr_inductor", Budget(None, measured.peak_bytes))
     for _ in range(3):

@@ -185,6 +185,10 @@ class Engine:
         self.clock = 0.0
         self.memory = 0  # resident bytes of counted storages
         self.peak = 0
+        # The most resident bytes plus the room an operation was given to run in (its outputs and transient peak, from
+        # `reserve`): what the step reached with every operation's own allocations counted. `peak` counts storages
+        # only, as the log replay's figures always have.
+        self.room_peak = 0
         self.compute_cost = 0.0
         self.remat_cost = 0.0
         self.evictions = 0
@@ -243,6 +247,7 @@ class Engine:
                 if not storage.resident:  # a sibling's recompute may have brought it back
                     self._rematerialize(storage)
             self._make_room(out_bytes)
+            self.room_peak = max(self.room_peak, self.memory + out_bytes)
             for window in self.windows:
                 window.running(out_bytes)
         except BaseException:

@@ -28,7 +28,7 @@ from ..compat import uses_storage_swap
 from ..engine import Storage
 from ..errors import BudgetError
 from ..tensor_bytes import tensor_nbytes
-from .backward_pass import in_backward_pass
+from .backward_pass import backward_keeps_graph, in_backward_pass
 from .interface import RuntimeInterface
 from .operations import Inputs, record_outputs
 from .recipe import OutputSource, Recipe, RngState
@@ -273,6 +273,12 @@ def run_part(rt: RuntimeInterface, part: CompiledPart, args: list[Any]) -> list[
             inputs.before_writes(rt, args, written, True)
         device = device_of(args)
         need = part.footprint.reserve_bytes(args) + (rng_workspace_bytes(device) if part.random else 0)
+        # The inputs a part frees as it goes (see `loosened` below) stay allocated through a backward pass that keeps
+        # its graph; its plan's room counted them freed (at most all of them before its peak): room for them too.
+        # Made room for the plan's alone, a retained backward measured 1.5x the step's budget (a 4-block MLP).
+        frees_inputs = [s for s in inputs.storages if s.producer is not None and buffer(s).shared]
+        if frees_inputs and backward_keeps_graph():
+            need += sum(s.nbytes for s in frees_inputs)
         # What the output registration needs of the arguments once the part has freed them: the written ones.
         described = [args[i] if i in written else leaf for i, leaf in enumerate(inputs.leaves)]
         try:
@@ -284,7 +290,7 @@ def run_part(rt: RuntimeInterface, part: CompiledPart, args: list[Any]) -> list[
         # A part frees each input it was handed alone after its last use (the activations AOTAutograd passes
         # a backward): the runtime holds the inputs weakly while it runs, and those that did not survive it
         # count as consumed by it (evicted, recomputable from their producers).
-        loosened = [s for s in inputs.storages if s.producer is not None and buffer(s).shared]
+        loosened = frees_inputs
         for storage in loosened:
             buffer(storage).loosen()
         try:

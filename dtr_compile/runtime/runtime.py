@@ -205,7 +205,7 @@ class Runtime:
         budget = self._resolved_budget()
         # The budget bounds what the step allocates above what was live when it began.
         self._step_start_memory = self.engine.memory
-        self.engine.peak = self.engine.memory
+        self.engine.peak = self.engine.room_peak = self.engine.memory
         self.tails.begin_step(budget)
         self.engine.budget_bytes = None if budget is None else budget + self._step_start_memory
         if self.recorder is not None:
@@ -235,7 +235,9 @@ class Runtime:
         self._steps += 1
         engine = self.engine
         if self._calibrating and not failed:
-            self.reference_peak_bytes = max(1, engine.peak - self._step_start_memory)
+            # With the room each operation ran in: a compiled backward's transient peak is the step's peak where the
+            # forward saves little (a model checkpointing its blocks itself: 3.47 MiB of storages, 17.10 measured)
+            self.reference_peak_bytes = max(1, max(engine.peak, engine.room_peak) - self._step_start_memory)
         self.constants.end_step()
         engine.free_dead()
         try:
