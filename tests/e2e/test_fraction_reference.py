@@ -33,6 +33,9 @@ def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
     nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
 
 
+# compat: torch 2.15 decomposes a 3-D Linear through `aten._unsafe_view`, which the memory model took for a buffer of its
+# own (the reference came out 1.09x the measured peak there)
+@pytest.mark.compat
 @pytest.mark.parametrize("model_class", [Net, CheckpointedNet], ids=["plain", "checkpointed"])
 def test_the_fraction_refers_to_the_measured_no_budget_peak(model_class: type[nn.Module]) -> None:
     torch.manual_seed(0)

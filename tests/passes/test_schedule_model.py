@@ -108,6 +108,22 @@ def test_inductor_inlines_pointwise_read_only_by_loops() -> None:
     assert inductor_inlined(graph.nodes, lambda _a, _b: False) == {}  # across graphs: saved, stored
 
 
+def test_an_unsafe_view_shares_its_input_storage() -> None:
+    """`aten._unsafe_view` declares no alias in its schema, yet returns a view: a 3-D Linear's output under torch 2.15.
+    Counted as a buffer of its own, the model held a Linear's result twice."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    w = graph.placeholder("w")
+    product = graph.call_function(torch.ops.aten.mm.default, (x, w))
+    batched = graph.call_function(torch.ops.aten._unsafe_view.default, (product, [2, 4, 8]))
+    graph.output((batched,))
+    for node, shape in ((x, (8, 8)), (w, (8, 8)), (product, (8, 8)), (batched, (2, 4, 8))):
+        node.meta["val"] = torch.empty(shape)
+    storages = StorageMap(graph)
+    assert storages.keys[batched] == storages.keys[product]
+    assert storages.allocated_bytes(batched) == 0 and storages.allocated_bytes(product) == 8 * 8 * 4
+
+
 def test_sunk_order_runs_pointwise_where_first_needed() -> None:
     # 0: extern, 1: pointwise read by 3, 2: extern, 3: extern reading 1, 4: pointwise read by nothing
     readers = [[1], [3], [3], [], []]

@@ -60,7 +60,9 @@ def test_a_planned_forward_runs_none_of_the_plans_recomputes() -> None:
     torch.manual_seed(0)
     x = torch.randn(4, 32, 32, requires_grad=True)
     weights = [w for _ in range(3) for w in (torch.randn(32, 96) / 6, torch.randn(32, 32) / 6)]
-    graphs, report = _compile_planned(_attention_layers, 0.65, x, *(w.requires_grad_() for w in weights))
+    # 0.57: a budget at which the plan recomputes an attention (between 0.55, the floor, and 0.58; 0.65 did until the
+    # memory model took a Linear's `_unsafe_view` for the view it is)
+    graphs, report = _compile_planned(_attention_layers, 0.57, x, *(w.requires_grad_() for w in weights))
 
     joint = report.fusion.graph if report.fusion is not None else report.planned
     recomputed = [n.target for n in joint.graph.nodes if n.meta.get("partitioner_tag") == "is_backward"]
