@@ -290,7 +290,7 @@ def run_part(rt: RuntimeInterface, part: CompiledPart, args: list[Any]) -> list[
         # A part frees each input it was handed alone after its last use (the activations AOTAutograd passes
         # a backward): the runtime holds the inputs weakly while it runs, and those that did not survive it
         # count as consumed by it (evicted, recomputable from their producers).
-        loosened = frees_inputs
+        loosened = [s for s in inputs.storages if s.producer is not None and buffer(s).shared]  # (after any refill)
         for storage in loosened:
             buffer(storage).loosen()
         try:
