@@ -5,8 +5,8 @@
 #   bash tools/gpu_check.sh                  # about 9.5 minutes on an H100 with cold caches: run it with timeout_s 600
 #   FRONTIER_S=0 bash tools/gpu_check.sh     # the tests only
 #   TESTS_S=0 FRONTIER_S=0 PAIR_PROFILE_S=150 bash tools/gpu_check.sh
-#                                            # checkpointing, then selective checkpointing (PAIR_PEERS), each against
-#                                            # backend="dtr" at its peak, profiled
+#                                            # checkpointing, then selective checkpointing (PAIR_PEERS; "knob" for the
+#                                            # knob at 0.5), each against backend="dtr" at its peak, profiled
 #                                            # (tools/pair_profile.py: kernels against the runtime's Python)
 #   TESTS_S=0 METHODS="compile hf_ckpt_compile dtr_inductor" FRONTIER_S=240 bash tools/gpu_check.sh
 #                                            # checkpointing alone and backend="dtr" at its peak and twice it
