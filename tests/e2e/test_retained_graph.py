@@ -18,25 +18,15 @@ import torch
 from torch import nn
 
 import dtr_compile
+from dtr_compile.bench.models import ResidualMLPBlock
 from dtr_compile.measure import measure_peak
 from tests.runtime.process_state import assert_restored, snapshot
-
-
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.up = nn.Linear(width, 4 * width)
-        self.down = nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
 
 
 class Net(nn.Module):
     def __init__(self, blocks: int = 4, width: int = 64) -> None:
         super().__init__()
-        self.blocks = nn.Sequential(*(Block(width) for _ in range(blocks)))
+        self.blocks = nn.Sequential(*(ResidualMLPBlock(width) for _ in range(blocks)))
         self.head = nn.Linear(width, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
