@@ -130,6 +130,9 @@ class Region:
         self._tail_sizes: dict[Any, int] = {}  # the sizes the step that measured it ran at (dynamic shapes)
         self._grown_tail: tuple[Tail, dict[Any, int], Tail] | None = None  # (tail, sizes, it grown to them)
         self._tail_decided = False
+        # Whether the step's incoming gradients outlive the compiled backward (storage.HELD_META_KEY): learned when a
+        # step's backward sees one survive it (runtime/compiled_ops.py), then planned for.
+        self._tangents_held = False
         # The running code is the first step's FX code (`_codegen_for`), and the step it runs in; once the first
         # step is over (`_first_step_over`), every plan is compiled with the region's code generator. A compile at
         # a step's end that raised (`_replan_failed`: a MeasurementError, a profiler around it) is tried again at
@@ -178,6 +181,12 @@ class Region:
                 step_budget = key[1]  # type: ignore[index]
                 runtime.note_region_replan(
                     self.name, lambda: self._replan_with_measured_tail(runtime, step_budget, budget)
+                )
+            elif runtime is not None and key[0] == "step" and len(key) > 2 and not self._tangents_held:
+                # plan again if this step's backward shows its incoming gradients held through it (storage.py)
+                step_budget = key[1]  # type: ignore[index]
+                runtime.note_region_replan(
+                    self.name, lambda: self._replan_if_tangents_held(runtime, step_budget, budget)
                 )
             return compiled(*args)
         except BaseException:
@@ -297,8 +306,10 @@ class Region:
         (the next step's plan, made now, with no step running), and its floor note if that plan does not fit. The
         first step's FX code (`_codegen_for`) is replaced by Inductor's even when the measured tail is the assumed one."""
         self._first_step_over = True
+        newly_held = not self._tangents_held and self.name in runtime.tails.held_tangents
+        self._tangents_held = self._tangents_held or newly_held
         tail = self._measured_tail(runtime, step_budget, compiling=self._provisional)
-        if tail is None and not self._provisional:
+        if tail is None and not self._provisional and not newly_held:
             return None
         try:
             with _disable_current_modes(), _autocast_as_traced(self._autocast):
@@ -307,6 +318,13 @@ class Region:
             self._replan_failed = self._provisional
             raise
         return self._floor_note  # its garbage is collected at the region's next call
+
+    def _replan_if_tangents_held(self, runtime: Any, step_budget: int, budget: int) -> tuple[int, str] | None:
+        """After a step ended whose plan frees the incoming gradients after their last read: the plan holding them,
+        if that step's backward saw one outlive it (runtime/tails.py)."""
+        if self._tangents_held or self.name not in runtime.tails.held_tangents:
+            return None
+        return self._replan_with_measured_tail(runtime, step_budget, budget)
 
     def _stand_ins(self) -> list[Any]:
         """Inputs a plan made after the first call is compiled and measured on (passes/verify.py): the parameters
@@ -510,7 +528,12 @@ class Region:
         measure_on: Sequence[Any] | None = None,
     ) -> Callable[..., Any]:
         partitioner = DTRPartitioner(
-            budget, cost_mode=self.cost_mode, codegen=codegen, tail=tail, runs_once=codegen != self.codegen
+            budget,
+            cost_mode=self.cost_mode,
+            codegen=codegen,
+            tail=tail,
+            runs_once=codegen != self.codegen,
+            tangents_held=self._tangents_held,
         )
 
         made: list[tuple[CompiledPart, PlanReport, str]] = []
@@ -522,7 +545,7 @@ class Region:
             if report is not None and (not self.reports or self.reports[-1] is not report):
                 self.reports.append(report)
             with planned_at(sizes):
-                finish = part_maker(graph, phase, report, self.name)
+                finish = part_maker(graph, phase, report, self.name, tangents_held=partitioner.tangents_held)
 
             def finished(inner: Any) -> CompiledPart:
                 part = finish(inner)
@@ -585,10 +608,11 @@ def _let_go_bytes(report: PlanReport, tail: Any) -> int:
 
 
 def part_maker(
-    graph: fx.GraphModule, phase: str, report: PlanReport | None, region: str
+    graph: fx.GraphModule, phase: str, report: PlanReport | None, region: str, *, tangents_held: bool = False
 ) -> Callable[[Any], CompiledPart]:
     """What the plan and the graph say of a forward/backward/inference part, read before it is compiled;
-    returns how to make the compiled part a `CompiledPart`."""
+    returns how to make the compiled part a `CompiledPart`. `tangents_held`: the plan holds the incoming gradients
+    through the backward (storage.HELD_META_KEY)."""
     placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
     example_numels = tuple(
         int(tensor_nbytes(v) // max(v.element_size(), 1))
@@ -622,6 +646,7 @@ def part_maker(
             tail_of=(region, phase) if phase in ("forward", "backward") else None,
             tangents=[i for i, n in enumerate(placeholders) if phase == "backward" and n.name.startswith("tangents")],
             forward_outputs=report.num_fwd_outputs if report is not None and phase == "forward" else 0,
+            tangents_held=tangents_held,
         )
 
     return finish

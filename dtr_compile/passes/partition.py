@@ -44,6 +44,7 @@ from .planner import Plan, paused_gc, plan_schedule
 from .realize import pin_values_before_recomputes
 from .rewrite import RECOMPUTE_META_KEY, emit_graph, emit_plan
 from .storage import (
+    HELD_META_KEY,
     LEAST_TAIL,
     LEAST_TAIL_META_KEY,
     TAIL_META_KEY,
@@ -596,10 +597,12 @@ class DTRPartitioner(_PartitionerBase):
         memory_model: str | None = None,
         tail: Tail | None = None,
         runs_once: bool = False,
+        tangents_held: bool = False,
     ) -> None:
         """`model_scale`: hold the modelled peak to this fraction of the budget (see plan_joint);
         `memory_model`: see plan_joint (None: the one the code generator implies); `tail`: what the code between
         the forward and the backward holds, as a step measured it (storage.Tail; None: the assumed one);
+        `tangents_held`: the incoming gradients stay allocated through the whole backward (storage.HELD_META_KEY);
         `runs_once`: the plan runs for one step only (the first step's FX code): planned without the fill.
 
         `start_from_min_cut` (default): start from torch.compile's own partition (PyTorch's min-cut
@@ -616,6 +619,7 @@ class DTRPartitioner(_PartitionerBase):
         self.memory_model = memory_model
         self.tail = tail
         self.runs_once = runs_once
+        self.tangents_held = tangents_held
         self.reports: list[PlanReport] = []
         self.times = CompileTimes()  # the region's first call (verify.py adds the compiles and measurements)
         # The region's first plan: read from the plan cache if kept there, else held to the calibrated fraction of
@@ -633,12 +637,14 @@ class DTRPartitioner(_PartitionerBase):
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         times = self.times
         times.plans += 1
+        tangents = tangent_placeholders(gm.graph)
         if self.tail is not None:  # where every memory model reads it (storage.assumed_tail)
-            tangents = tangent_placeholders(gm.graph)
             tail = resolved_tail(self.tail, tangents)
             for node in tangents:
                 node.meta[TAIL_META_KEY] = tail
                 node.meta[LEAST_TAIL_META_KEY] = self.tail == LEAST_TAIL
+        for node in tangents:  # (stamped either way: Dynamo may hand the same joint graph to a second partitioner)
+            node.meta[HELD_META_KEY] = self.tangents_held
         clock = time.perf_counter()
         keep = min_cut = None
         if self.start_from_min_cut:
@@ -738,7 +744,8 @@ class DTRPartitioner(_PartitionerBase):
         return plan_cache.plan_key(
             self.structure,
             (repr(budget), self.cost_mode, self.start_from_min_cut, codegen, _source_hash(), repr(self.tail))
-            + (("runs once",) if self.runs_once else ()),
+            + (("runs once",) if self.runs_once else ())
+            + (("tangents held",) if self.tangents_held else ()),
         )
 
     def __deepcopy__(self, memo: dict) -> DTRPartitioner:
@@ -755,6 +762,7 @@ class DTRPartitioner(_PartitionerBase):
             "memory_model": self.memory_model,
             "tail": self.tail,
             "runs_once": self.runs_once,
+            "tangents_held": self.tangents_held,
             "reports": [],
         }
         return (DTRPartitioner, (self.budget,), state)
@@ -771,4 +779,5 @@ class DTRPartitioner(_PartitionerBase):
             self.memory_model,
             repr(self.tail),
             self.runs_once,
+            self.tangents_held,
         )

@@ -67,6 +67,7 @@ def measure_region(
     *,
     outputs_dropped: bool = False,
     tail_peak_bytes: int = 0,
+    gradients_held: bool = False,
 ) -> RegionPeak | None:
     """One forward + backward of `compiled`, measured (RegionPeak); None when the inputs cannot be stood in for
     (symbolic sizes, opaque objects). `ProfilerRunning` on CPU while a profiler runs.
@@ -120,7 +121,16 @@ def measure_region(
             # makes them in a training step, and handed to the region's backward, which frees them after their
             # last use. Gradients passed in here (`backward(outputs, [ones_like(o), ...])`) would be held by this
             # frame through the whole backward (on the CPU stand-in GPT-2 that is the logits' gradient, 8 MB).
-            losses = [o.sum() for o in outputs]
+            held: list[torch.Tensor] = []
+            if gradients_held:
+                # Each gradient made dense (a product's backward makes it, as a cross-entropy's does) and kept until the
+                # backward returns. (Not in a loop variable of this frame: that would hold an output through it.)
+                for hook_on in outputs:
+                    hook_on.register_hook(held.append)
+                del hook_on
+                losses = [(o * o.new_ones(())).sum() for o in outputs]
+            else:
+                losses = [o.sum() for o in outputs]
             if outputs_dropped:
                 outputs.clear()  # a sum's backward keeps no output alive
             torch.autograd.backward(losses)
@@ -293,6 +303,7 @@ class _Attempts:
                 self.example_inputs,
                 outputs_dropped=report.loop_drops_outputs,
                 tail_peak_bytes=report.tail.peak_bytes,
+                gradients_held=self.partitioner.tangents_held,
             )
         except ProfilerRunning:
             _check_unmeasured(report, self.partitioner)

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ..compat import uses_storage_swap
+from ..compat import FREES_BACKWARD_GRADS, uses_storage_swap
 from ..engine import Storage
 from ..errors import BudgetError
 from ..tensor_bytes import tensor_nbytes
@@ -86,6 +87,7 @@ class CompiledPart:
         tail_of: tuple[str, str] | None = None,
         tangents: Sequence[int] = (),
         forward_outputs: int = 0,
+        tangents_held: bool = False,
     ) -> None:
         """`estimated_s`: the plan's modelled time of the part (its cost to the engine unless costs are
         measured); `random`: it draws random numbers (its RNG state is replayed by a recompute);
@@ -97,7 +99,8 @@ class CompiledPart:
         return (a forward) or call (a backward) bounds its region's tail, which the runtime measures (tails.py);
         `tangents`: positions of a backward's incoming gradients among its inputs (part of that tail);
         `forward_outputs`: how many of a forward's results are the region's outputs (the rest are saved for the
-        backward): the tail notes which of them the program let go before the backward."""
+        backward): the tail notes which of them the program let go before the backward; `tangents_held`: the plan
+        holds the incoming gradients through the backward (passes/storage.HELD_META_KEY)."""
         if not getattr(inner, "_boxed_call", False):
             from torch._functorch.aot_autograd import make_boxed_func
 
@@ -117,6 +120,7 @@ class CompiledPart:
         self.tail_of = tail_of
         self.tangents = tuple(tangents)
         self.forward_outputs = forward_outputs
+        self.tangents_held = tangents_held
         self._measured_s = float("inf")
 
     def __call__(self, *call_args: Any) -> Any:
@@ -136,11 +140,16 @@ class CompiledPart:
         ends_forward = tail_of is not None and tail_of[1] == "forward"
         # What the forward leaves held, read before the call empties `args` (tails.LIGHT)
         held_bytes = int(self.footprint.new_bytes * self.footprint.scale(args)) if ends_forward else 0
+        watched = self._watch_tangents(args) if tail_of is not None and tail_of[1] == "backward" else []
         try:
             results = self._run(runtime, args)
         except BaseException:
             runtime.failed = True
             raise
+        if any(not weak.expired() for weak in watched):
+            runtime.tails.tangents_outlived(tail_of[0])  # type: ignore[index]
+        elif watched:
+            runtime.tails.tangents_freed(tail_of[0])  # type: ignore[index]
         if ends_forward:
             # The outputs' storages matter only while the region's tail is being learned (tails.py)
             outputs = (
@@ -153,6 +162,18 @@ class CompiledPart:
             )
             runtime.tails.forward_returned(tail_of[0], held_bytes, outputs)
         return results
+
+    def _watch_tangents(self, args: list[Any]) -> list[StorageWeakRef]:
+        """Weak references to the storages of the incoming gradients the plan frees after their last read (none where
+        it holds them), to tell, once the part has run, whether something outside it held one through it (the
+        autograd engine under torch 2.11: passes/storage.HELD_META_KEY)."""
+        if self.tangents_held:
+            return []
+        return [
+            StorageWeakRef(args[i].untyped_storage())
+            for i in self.tangents
+            if i < len(args) and isinstance(args[i], torch.Tensor) and args[i].untyped_storage().nbytes() > 0
+        ]
 
     def _unseen_tangent_bytes(self, runtime: RuntimeInterface, args: list[Any]) -> int:
         """Bytes of the incoming gradients the runtime never saw allocated: the autograd engine casts a gradient to
@@ -279,6 +300,11 @@ def run_part(rt: RuntimeInterface, part: CompiledPart, args: list[Any]) -> list[
         frees_inputs = [s for s in inputs.storages if s.producer is not None and buffer(s).shared]
         if frees_inputs and backward_keeps_graph():
             need += sum(s.nbytes for s in frees_inputs)
+        elif part.tangents and not part.tangents_held and not FREES_BACKWARD_GRADS and not _tangents_known(rt, part):
+            # torch 2.11 hands the incoming gradients in a tuple the autograd engine holds until the backward returns,
+            # unless AOTAutograd copied one (a sum's expanded gradient): until a step has shown which (the region then
+            # plans holding them, or goes on freeing them), room for them all.
+            need += sum(tensor_nbytes(args[i]) for i in part.tangents if i < len(args) and isinstance(args[i], torch.Tensor))
         # What the output registration needs of the arguments once the part has freed them: the written ones.
         described = [args[i] if i in written else leaf for i, leaf in enumerate(inputs.leaves)]
         try:
@@ -316,6 +342,10 @@ def run_part(rt: RuntimeInterface, part: CompiledPart, args: list[Any]) -> list[
                            lambda sources: PartRecipe(part, inputs.leaves, frozenset(written), sources, rng),
                            unpredicted=True, consumed=consumed)
     return results
+
+
+def _tangents_known(rt: RuntimeInterface, part: CompiledPart) -> bool:
+    return part.tail_of is not None and rt.tails.tangents_known(part.tail_of[0])
 
 
 def _mode_sees_ops() -> bool:

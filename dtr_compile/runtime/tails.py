@@ -70,6 +70,10 @@ class TailMeter:
         self._open: dict[str, tuple[MemoryWindow, int, tuple[Storage | None, ...]]] = {}
         self._seen: set[str] = set()  # regions whose forward ran in this step, but for the light ones (`LIGHT`)
         self._budget_bytes: int | None = None
+        # Regions whose incoming gradients outlived their compiled backward (passes/storage.HELD_META_KEY), and those
+        # whose backward was seen to free them all
+        self.held_tangents: set[str] = set()
+        self.freed_tangents: set[str] = set()
 
     def begin_step(self, budget_bytes: int | None = None) -> None:
         """`budget_bytes`: the step's budget (None: no budget, or a step calibrating a fraction)."""
@@ -126,6 +130,20 @@ class TailMeter:
             self.learned[region] = MeasuredTail(
                 max(window.peak, held - window.released), held - window.dropped, evicted, dropped_outputs
             )
+
+    def tangents_outlived(self, region: str) -> None:
+        """An incoming gradient of `region`'s backward was still allocated when the backward returned: held by the
+        autograd engine (torch 2.11) or the program. The region plans again holding them (backend/region.py)."""
+        self.held_tangents.add(region)
+
+    def tangents_freed(self, region: str) -> None:
+        """Every incoming gradient of `region`'s backward was freed by it (a copy AOTAutograd made of a sum's expanded
+        gradient, or a release that frees them: compat.FREES_BACKWARD_GRADS)."""
+        self.freed_tangents.add(region)
+
+    def tangents_known(self, region: str) -> bool:
+        """Has a step's backward shown whether `region`'s incoming gradients outlive it?"""
+        return region in self.held_tangents or region in self.freed_tangents
 
     def decided(self, region: str) -> bool:
         """Has a step shown this region's tail (measured, or shared with another region: the assumed one stays)?"""

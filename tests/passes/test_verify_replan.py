@@ -32,6 +32,7 @@ class StandInPlanner:
         self.times = CompileTimes()
         self.cache_key = self.calibration_key = None
         self.device_type = "cpu"
+        self.tangents_held = False
 
     def key_for(self, budget: int) -> None:
         return None  # no plan cache here (tests/passes/test_plan_cache.py covers it)
