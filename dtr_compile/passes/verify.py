@@ -92,7 +92,11 @@ def measure_region(
         elif isinstance(value, torch.Tensor):
             if any(not isinstance(size, int) for size in value.shape) or value.is_sparse:
                 return None
-            inputs.append(value.detach().clone().requires_grad_(value.requires_grad))
+            # With the input's own strides: a clone of a strided view (`x[::2]`, a micro-batch sliced out of a batch) is
+            # contiguous, and Inductor's code, compiled for the strides traced, asserted on it (an AssertionError
+            # from the plan made at a step's end).
+            copy = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+            inputs.append(copy.copy_(value.detach()).requires_grad_(value.requires_grad))
             device = value.device
         elif value is None or isinstance(value, (bool, int, float)):
             inputs.append(value)

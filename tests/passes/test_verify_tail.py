@@ -46,3 +46,33 @@ def test_a_region_with_no_compiled_backward_node_has_no_measured_room() -> None:
 
 def _region_tuple(x: torch.Tensor) -> tuple[torch.Tensor]:
     return (x * 2.0,)
+
+
+def _two_step_backward(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2.0).exp()  # its backward reads the incoming gradient once, then allocates x's gradient
+
+
+def test_gradients_held_through_the_backward_are_measured_held() -> None:
+    """torch 2.11's engine holds a cross-entropy's gradient through the compiled backward (storage.HELD_META_KEY): the
+    region measured for such a step holds a dense gradient until its backward returns, one incoming gradient above
+    a measurement whose gradient is freed after its last read (here: while x's gradient is made)."""
+    x = torch.randn(N, requires_grad=True)
+    freed = measure_region(_two_step_backward, [x])
+    held = measure_region(_two_step_backward, [x], gradients_held=True)
+    assert freed is not None and held is not None
+    assert N * 4 <= held.peak_bytes - freed.peak_bytes < N * 4 + 4096, (held, freed)
+
+
+def test_a_strided_input_is_measured_with_its_own_strides() -> None:
+    """A micro-batch sliced out of a batch (`x[::2]`) is a strided view; Inductor's code is compiled for the strides
+    traced and asserts them. Cloned, the stand-in was contiguous, and the plan made at a step's end raised an
+    AssertionError from Inductor's code."""
+    batch = torch.randn(64, 32)
+    x = batch[::2]
+    weight = torch.nn.Parameter(torch.randn(32, 32))
+
+    def region(inputs: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        assert inputs.stride() == x.stride(), inputs.stride()  # as Inductor's assert_size_stride does
+        return inputs @ w
+
+    assert measure_region(region, [x, weight]) is not None
