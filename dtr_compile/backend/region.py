@@ -133,6 +133,11 @@ class Region:
         # Whether the step's incoming gradients outlive the compiled backward (storage.HELD_META_KEY): learned when a
         # step's backward sees one survive it (runtime/compiled_ops.py), then planned for.
         self._tangents_held = False
+        # The most gradient bytes earlier micro-batches left counted in a step this region ran in (gradient
+        # accumulation: Runtime._count_carried_gradients), and what the running plan was made for: every plan from
+        # then on leaves room for them, so that the steps with and without them run one plan.
+        self._carried_bytes = 0
+        self._planned_carried = 0
         # The running code is the first step's FX code (`_codegen_for`), and the step it runs in; once the first
         # step is over (`_first_step_over`), every plan is compiled with the region's code generator. A compile at
         # a step's end that raised (`_replan_failed`: a MeasurementError, a profiler around it) is tried again at
@@ -157,6 +162,10 @@ class Region:
             grew = self._sizes.grow(list(args))  # a size larger than the plan was made at: plan at it
             if grew:
                 key, budget = self._plan_budget()
+            # Gradients accumulated by earlier micro-batches hold part of the budget: plan for the room left, with FX
+            # code for this step and Inductor's measured at its end, as for larger sizes
+            carried = self._carried_bytes > self._planned_carried
+            grew = grew or carried
             stale = self._provisional and _step_id(runtime) != self._provisional_step
             if stale and self._replan_failed and runtime is not None:
                 self._provisional_step, self._replan_failed = _step_id(runtime), False  # planned when this one ends
@@ -225,7 +234,9 @@ class Region:
         step_budget = runtime.budget_bytes
         if step_budget is None:
             return ("step", None), None
-        return ("step", step_budget, self._measured_tail(runtime, step_budget)), max(1, step_budget - held)
+        self._carried_bytes = max(self._carried_bytes, runtime.carried_bytes)
+        room = step_budget - max(held, self._carried_bytes)
+        return ("step", step_budget, self._measured_tail(runtime, step_budget)), max(1, room)
 
     def _measured_tail(self, runtime: Any, step_budget: int, compiling: bool = False) -> Tail | None:
         """The tail to plan with: the one a step measured after this region's forward (runtime/tails.py), decided
@@ -367,6 +378,7 @@ class Region:
         _compiled_since_collection = True
         tail = key[2] if key[0] == "step" and len(key) > 2 else None  # type: ignore[index]
         self._floor_note = None
+        self._planned_carried = self._carried_bytes
         codegen = self._codegen_for(key, grew)
         try:
             self._compiled = self._compile_with(budget, example_inputs, tail, codegen, measure_on=measure_on)

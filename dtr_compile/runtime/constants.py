@@ -82,6 +82,7 @@ class ConstantRegistry:
         self._entries: dict[int, ConstantEntry] = {}
         self.snapshot_bytes = 0
         self._grad_hooks: dict[int, Any] = {}  # id(leaf) -> hook handle, removed when the step ends
+        self.gradients: list[weakref.ref] = []  # the leaves this step accumulated gradients into, weakly
         self.owner: Any = None  # of outside tensors freed and refilled behind the runtime (distributed.Fsdp2Params)
         self._owner_reserve: Storage | None = None  # the bytes the owner gathers, counted in this step
         self._held_to_end: list[Storage] = []  # bytes allocated outside aten calls, counted until the step ends
@@ -98,9 +99,12 @@ class ConstantRegistry:
             return
         pin_tensor = self.pin_tensor
 
+        gradients = self.gradients
+
         def pin_gradient(leaf: torch.Tensor) -> None:
             if leaf.grad is not None:
                 pin_tensor(leaf.grad)
+                gradients.append(weakref.ref(leaf))
 
         self._grad_hooks[id(tensor)] = tensor.register_post_accumulate_grad_hook(pin_gradient)
 
@@ -213,10 +217,13 @@ class ConstantRegistry:
             return
         self._owner_reserve = self.hold_to_end(nbytes, "gathered parameters")
 
-    def hold_to_end(self, nbytes: int, name: str) -> Storage:
-        """Count `nbytes` the step holds outside any aten call (room made first) until the step ends."""
-        self.engine.reserve([], nbytes, name)
-        self.engine.abandon([])
+    def hold_to_end(self, nbytes: int, name: str, *, make_room: bool = True) -> Storage:
+        """Count `nbytes` the step holds outside any aten call (room made first, unless `make_room` is False: at the
+        step's start, where there is nothing to evict and the first operation that finds no room raises) until the
+        step ends."""
+        if make_room:
+            self.engine.reserve([], nbytes, name)
+            self.engine.abandon([])
         storage = self.engine.constant(nbytes, counted=True)
         self._held_to_end.append(storage)
         return storage

@@ -440,6 +440,9 @@ class ImplicitSteps:
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.close_stale()
+        runtime = self.here.runtime
+        if runtime is not None:
+            runtime.gradients_consumed()  # the accumulated gradients no longer count in the next step's budget
 
 
 def _wrap_module_call(module: torch.nn.Module, steps: ImplicitSteps) -> None:

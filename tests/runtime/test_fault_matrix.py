@@ -162,6 +162,9 @@ def test_compiled_fx_fault_restores_the_process(stage: str, monkeypatch) -> None
         compiled = torch.compile(model, backend="dtr")
 
         def step(x):
+            # Each step starts with no gradients, as a training loop's after its optimizer step: gradients a step left
+            # with no optimizer step since count in the next one's budget (Runtime._count_carried_gradients)
+            model.zero_grad(set_to_none=True)
             compiled(x).sum().backward()
 
         step(_data())  # the first step compiles (and begins inside Dynamo's frame)
@@ -170,6 +173,7 @@ def test_compiled_fx_fault_restores_the_process(stage: str, monkeypatch) -> None
             step(_data())  # later steps begin outside the frame, in the module's call
             assert_restored(before, "after the second step")
         # The calibration step of a fraction is the first whole one (the first began inside Dynamo's frame).
+        model.zero_grad(set_to_none=True)
         _inject("loss" if fraction else stage, model, compiled, _data(), monkeypatch=monkeypatch)
         assert_restored(before, f"after a {stage} fault under backend='dtr' (fx)")
         if fraction:
@@ -191,12 +195,14 @@ def test_compiled_inductor_faults_restore_the_process(monkeypatch) -> None:
         compiled = torch.compile(model, backend="dtr")
 
         def step(x):
+            model.zero_grad(set_to_none=True)  # (as above)
             compiled(x).sum().backward()
 
         step(_data())
         step(_data())
         # The forward stage last: the model's flag changes Dynamo's guards, and the frame is compiled again.
         for stage in sorted(STAGES, key=lambda s: s == "forward"):
+            model.zero_grad(set_to_none=True)
             _inject(stage, model, compiled, _data(), monkeypatch=monkeypatch)
             assert_restored(before, f"after a {stage} fault under backend='dtr' (inductor)")
         model.zero_grad(set_to_none=True)
