@@ -55,7 +55,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import auto_budget, config
 from ..config import Budget
-from ..errors import BudgetError, format_bytes
+from ..errors import BudgetError, MeasurementError, format_bytes
 from ..passes import running_plans
 from ..passes.costs import is_random
 from ..passes.meta import cost_of
@@ -335,7 +335,14 @@ class Region:
         if that step's backward saw one outlive it (runtime/tails.py)."""
         if self._tangents_held or self.name not in runtime.tails.held_tangents:
             return None
-        return self._replan_with_measured_tail(runtime, step_budget, budget)
+        try:
+            return self._replan_with_measured_tail(runtime, step_budget, budget)
+        except MeasurementError:
+            # A profiler around this step (Inductor's plan is measured as it compiles): the running plan stays, the
+            # runtime makes room for the held gradients when it calls its backward (compiled_ops.run_part), and the
+            # end of the next step tries again. (The tail's own replan is made in the first step, and raises.)
+            self._tangents_held = False
+            return None
 
     def _stand_ins(self) -> list[Any]:
         """Inputs a plan made after the first call is compiled and measured on (passes/verify.py): the parameters

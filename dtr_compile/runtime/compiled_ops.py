@@ -300,10 +300,11 @@ def run_part(rt: RuntimeInterface, part: CompiledPart, args: list[Any]) -> list[
         frees_inputs = [s for s in inputs.storages if s.producer is not None and buffer(s).shared]
         if frees_inputs and backward_keeps_graph():
             need += sum(s.nbytes for s in frees_inputs)
-        elif part.tangents and not part.tangents_held and not FREES_BACKWARD_GRADS and not _tangents_known(rt, part):
+        elif part.tangents and not part.tangents_held and _tangents_may_be_held(rt, part):
             # torch 2.11 hands the incoming gradients in a tuple the autograd engine holds until the backward returns,
             # unless AOTAutograd copied one (a sum's expanded gradient): until a step has shown which (the region then
-            # plans holding them, or goes on freeing them), room for them all.
+            # plans holding them, or goes on freeing them), room for them all. Also where a step has shown them held
+            # and the region has not planned for it yet (its plan made again at a step's end, inside a profiler).
             need += sum(tensor_nbytes(args[i]) for i in part.tangents if i < len(args) and isinstance(args[i], torch.Tensor))
         # What the output registration needs of the arguments once the part has freed them: the written ones.
         described = [args[i] if i in written else leaf for i, leaf in enumerate(inputs.leaves)]
@@ -344,8 +345,12 @@ def run_part(rt: RuntimeInterface, part: CompiledPart, args: list[Any]) -> list[
     return results
 
 
-def _tangents_known(rt: RuntimeInterface, part: CompiledPart) -> bool:
-    return part.tail_of is not None and rt.tails.tangents_known(part.tail_of[0])
+def _tangents_may_be_held(rt: RuntimeInterface, part: CompiledPart) -> bool:
+    """May `part`'s incoming gradients outlive it: shown so by a step, or not shown either way under torch 2.11?"""
+    if part.tail_of is None:
+        return not FREES_BACKWARD_GRADS
+    region = part.tail_of[0]
+    return region in rt.tails.held_tangents or (not FREES_BACKWARD_GRADS and not rt.tails.tangents_known(region))
 
 
 def _mode_sees_ops() -> bool:

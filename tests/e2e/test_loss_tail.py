@@ -396,7 +396,8 @@ def test_regions_that_share_their_step_keep_the_assumed_tail() -> None:
     )
     for region in regions[-2:]:
         assert region.name in tails.spanned and region.name not in tails.learned
-        assert len(region.reports) == 1, region.name
+        # (one plan more where torch 2.11's engine held the loss's gradient through the backward: storage.HELD_META_KEY)
+        assert len(region.reports) == 1 + region._tangents_held, region.name
 
 
 def _upcast_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
