@@ -305,7 +305,8 @@ def run_part(rt: RuntimeInterface, part: CompiledPart, args: list[Any]) -> list[
             # unless AOTAutograd copied one (a sum's expanded gradient): until a step has shown which (the region then
             # plans holding them, or goes on freeing them), room for them all. Also where a step has shown them held
             # and the region has not planned for it yet (its plan made again at a step's end, inside a profiler).
-            need += sum(tensor_nbytes(args[i]) for i in part.tangents if i < len(args) and isinstance(args[i], torch.Tensor))
+            tangents = [args[i] for i in part.tangents if i < len(args) and isinstance(args[i], torch.Tensor)]
+            need += sum(tensor_nbytes(tangent) for tangent in tangents)
         # What the output registration needs of the arguments once the part has freed them: the written ones.
         described = [args[i] if i in written else leaf for i, leaf in enumerate(inputs.leaves)]
         try:

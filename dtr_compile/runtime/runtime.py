@@ -271,17 +271,17 @@ class Runtime:
         The budget bounds what a training step allocates, and the gradients the first micro-batch allocated are part
         of it: counted live at each later micro-batch's start, as DESIGN.md's "live when the step began", they were
         not, and a 5-layer MLP accumulating two micro-batches measured 1.12x its budget over the optimizer step's
-        span (at 0.7 of its no-budget peak: tests/e2e/test_gradient_accumulation.py). Gradients zeroed in place and kept (`zero_grad(set_to_none=
-        False)`) count from the first step after an optimizer step, as they did."""
+        span (at 0.7 of its no-budget peak: tests/e2e/test_gradient_accumulation.py). Gradients zeroed in place and
+        kept (`zero_grad(set_to_none=False)`) count from the first step after an optimizer step, as they did."""
         self.carried_bytes = 0
         # A leaf's gradient, as it is now: gone when the program set it to None (`zero_grad()`), whoever else holds
         # the tensor that was its gradient (a test comparing gradients across steps)
         leaves = {id(leaf): leaf for leaf in (ref() for ref in self.carried_gradients) if leaf is not None}
-        held = [leaf.grad for leaf in leaves.values() if leaf.grad is not None]
-        self.carried_gradients = [weakref.ref(leaf) for leaf in leaves.values() if leaf.grad is not None]
-        if budget is None or not held:
+        leaves = {key: leaf for key, leaf in leaves.items() if leaf.grad is not None}
+        self.carried_gradients = [weakref.ref(leaf) for leaf in leaves.values()]
+        if budget is None or not leaves:
             return
-        storages = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes() for g in held}
+        storages = {s.data_ptr(): s.nbytes() for s in (leaf.grad.untyped_storage() for leaf in leaves.values())}
         self.carried_bytes = sum(storages.values())
         if self.carried_bytes > 0:  # compiled regions plan for the room left (backend/region.py)
             self.constants.hold_to_end(self.carried_bytes, "accumulated gradients", make_room=False)

@@ -15,6 +15,16 @@ def mlp() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return nn.Sequential(*layers, nn.Linear(128, 1)), (torch.randn(256, 128),)
 
 
+def tanh_chain(width: int, vocab: int) -> nn.Module:
+    """Linear 64 -> width, four Linear width -> width, each with Tanh, then a Linear to `vocab` logits (seeded): a
+    model whose activations, gradients and loss tail the e2e memory tests size against each other."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Linear(64, width), nn.Tanh()]
+    for _ in range(4):
+        layers += [nn.Linear(width, width), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(width, vocab))
+
+
 class Block(nn.Module):
     def __init__(self, dim: int, heads: int, dropout: float) -> None:
         super().__init__()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from compiled_models import tanh_chain
 from torch import nn
 
 import dtr_compile
@@ -20,14 +21,6 @@ from dtr_compile import compat
 from dtr_compile.measure import measure_peak
 
 BATCH, WIDTH, VOCAB = 4096, 512, 512  # a layer's activations 4 MiB a micro-batch, the gradients 5.3 MiB
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = [nn.Linear(64, WIDTH), nn.Tanh()]
-    for _ in range(4):
-        layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
-    return nn.Sequential(*layers, nn.Linear(WIDTH, VOCAB))
 
 
 def _cycle(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -60,7 +53,7 @@ def _cycles(model: nn.Module, x: torch.Tensor, y: torch.Tensor, budget: int) -> 
 def test_the_budget_holds_over_the_micro_batches_of_one_optimizer_step() -> None:
     generator = torch.Generator().manual_seed(1)
     x, y = torch.randn(BATCH, 64, generator=generator), torch.randint(0, VOCAB, (BATCH,), generator=generator)
-    model = _model()
+    model = tanh_chain(WIDTH, VOCAB)
     for _ in range(2):
         model.zero_grad(set_to_none=True)
         reference = measure_peak(lambda: _cycle(model, x, y))[1].peak_bytes

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from compiled_models import tanh_chain
 from torch import nn
 
 import dtr_compile
@@ -23,14 +24,6 @@ from dtr_compile import compat
 from dtr_compile.measure import measure_peak
 
 VOCAB, BATCH = 1024, 2048  # logits and their gradient: 8 MiB each, as large as one layer's activations
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = [nn.Linear(64, 1024), nn.Tanh()]
-    for _ in range(4):
-        layers += [nn.Linear(1024, 1024), nn.Tanh()]
-    return nn.Sequential(*layers, nn.Linear(1024, VOCAB))
 
 
 def _losses() -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
@@ -63,7 +56,7 @@ def _regions() -> set[int]:
 @pytest.mark.parametrize("loss_name", sorted(_losses()))
 def test_the_budget_holds_with_the_gradient_the_loss_sends_back(loss_name: str) -> None:
     loss_fn = _losses()[loss_name]
-    model = _model()
+    model = tanh_chain(1024, VOCAB)
     generator = torch.Generator().manual_seed(1)
     x, y = torch.randn(BATCH, 64, generator=generator), torch.randint(0, VOCAB, (BATCH,), generator=generator)
 

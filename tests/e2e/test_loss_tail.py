@@ -12,6 +12,7 @@ import gc
 
 import pytest
 import torch
+from compiled_models import tanh_chain
 from torch import nn
 
 import dtr_compile
@@ -206,11 +207,7 @@ def _newest_region(names):
 
 def _deep_model() -> nn.Module:
     """Activations and parameter gradients dominate: the step's peak is in the backward, not in the loss."""
-    torch.manual_seed(0)
-    layers: list[nn.Module] = [nn.Linear(64, 1024), nn.Tanh()]
-    for _ in range(4):
-        layers += [nn.Linear(1024, 1024), nn.Tanh()]
-    return nn.Sequential(*layers, nn.Linear(1024, VOCAB))
+    return tanh_chain(1024, VOCAB)
 
 
 @pytest.mark.compat  # what a first step sees of the loss differs by release (torch 2.11: all of it)
