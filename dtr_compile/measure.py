@@ -26,6 +26,13 @@ from typing import Any, TypeVar
 import torch
 
 from .errors import DeviceError, MeasurementError
+from .profiled_allocations import (
+    PROBE_BYTES,
+    allocate_and_free_probe,
+    allocation_events_in_time_order,
+    peak_from,
+    probe_span,
+)
 
 T = TypeVar("T")
 
@@ -73,7 +80,7 @@ def mark() -> None:
         marks.cuda.append((allocated, torch.cuda.max_memory_allocated(marks.device) - marks.start))
         torch.cuda.reset_peak_memory_stats(marks.device)  # the peak from here on, read at the next mark or the end
         return
-    marks.addresses.append(_allocate_and_free_probe(MARK_BYTES))
+    marks.addresses.append(allocate_and_free_probe(MARK_BYTES))
 
 
 def measure_peak(step: Callable[[], T], device: str | torch.device = "cpu") -> tuple[T, PeakMeasurement]:
@@ -178,11 +185,8 @@ def move_to(value: Any, device: str | torch.device) -> Any:
     return value
 
 
-# The meter's own probe, allocated and freed inside the profiled region just before the step: its two events
-# prove that the profiler recorded this thread's allocations, so an empty profile is refused (MeasurementError)
-# instead of read as a step that allocated nothing. It is freed before the step, so it adds nothing to the peak.
-# A mark is such a probe of its own size, allocated and freed inside the step; its two events cancel.
-PROBE_BYTES = 64
+# A mark is a probe (profiled_allocations.py) of its own size, allocated and freed inside the step; its two events
+# cancel.
 MARK_BYTES = 48
 
 
@@ -190,9 +194,9 @@ def _measure_cpu(step: Callable[[], T], marks: _Marks) -> tuple[T, PeakMeasureme
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        probe_address = _allocate_and_free_probe(PROBE_BYTES)
+        probe_address = allocate_and_free_probe(PROBE_BYTES)
         result = step()
-    events, at_marks = _without_marks(_after_probe(_allocation_events_in_time_order(prof), probe_address), marks)
+    events, at_marks = _without_marks(_after_probe(allocation_events_in_time_order(prof), probe_address), marks)
     running = peak = allocated = 0
     live_at: dict[int, int] = {}  # event index -> running total before it
     for i, (_, size) in enumerate(events):
@@ -202,7 +206,7 @@ def _measure_cpu(step: Callable[[], T], marks: _Marks) -> tuple[T, PeakMeasureme
             allocated += size
         peak = max(peak, running)
     live_at[len(events)] = running
-    found = tuple(Mark(live_at[i], _peak_from(events, i, live_at[i])) for i in at_marks)
+    found = tuple(Mark(live_at[i], peak_from(events, i, live_at[i])) for i in at_marks)
     return result, PeakMeasurement(
         peak_bytes=peak, allocated_bytes=allocated, net_bytes=running, events=len(events), marks=found
     )
@@ -229,53 +233,18 @@ def _without_marks(events: list[tuple[int, int]], marks: _Marks) -> tuple[list[t
     return kept, at_marks
 
 
-def _peak_from(events: list[tuple[int, int]], first: int, running: int) -> int:
-    """The highest running total from event `first` on, starting at `running`."""
-    peak = running
-    for _, size in events[first:]:
-        running += size
-        peak = max(peak, running)
-    return peak
-
-
-def _allocate_and_free_probe(nbytes: int) -> int:
-    """Allocate `nbytes` and free them at once; the address the profiler's two events will carry."""
-    probe = torch.empty(nbytes, dtype=torch.uint8)
-    address = probe.data_ptr()
-    del probe  # the only reference: the storage is freed here
-    return address
-
-
-def _allocation_events_in_time_order(prof: Any) -> list[tuple[int, int]]:
-    """(address, bytes) of every allocation (positive) and free (negative) the profile holds, in time order."""
-    allocation = torch._C._profiler._EventType.Allocation
-    events: list[tuple[int, int, int, int]] = []
-    stack = list(reversed(prof.profiler.kineto_results.experimental_event_tree()))
-    while stack:  # pre-order, children in the order they were recorded
-        node = stack.pop()
-        if node.tag == allocation:
-            # The sequence number keeps an allocation and a free with the same timestamp in order.
-            fields = node.extra_fields
-            events.append((node.start_time_ns, len(events), int(fields.ptr), int(fields.alloc_size)))
-        stack.extend(reversed(node.children))
-    events.sort()
-    return [(address, size) for _, _, address, size in events]
-
-
 def _after_probe(events: list[tuple[int, int]], probe_address: int) -> list[tuple[int, int]]:
     """The events after the probe's free: the step's. A `MeasurementError` if the probe's events are missing,
     since then the profiler recorded nothing of this thread and a peak of 0 would be silently wrong."""
-    try:
-        allocated = events.index((probe_address, PROBE_BYTES))
-        freed = events.index((probe_address, -PROBE_BYTES), allocated)
-    except ValueError:
+    span = probe_span(events, probe_address)
+    if span is None:
         raise MeasurementError(
             f"measure_peak on cpu: the profiler recorded no memory events for this step (not even the meter's own "
             f"{PROBE_BYTES}-byte probe allocated just before it; {len(events)} allocation events in all), so its "
             "peak is unknown. Another torch.profiler session started or stopped during the step, or the profiler "
             "failed to start: run the step with no other profiler active, or measure it again in a fresh process."
-        ) from None
-    return events[freed + 1 :]
+        )
+    return events[span[1] + 1 :]
 
 
 def _measure_cuda(step: Callable[[], T], device: torch.device, marks: _Marks) -> tuple[T, PeakMeasurement]:

@@ -157,7 +157,7 @@ def test_cpu_meter_is_exact_and_leaves_out_its_probe():
 def test_cpu_meter_refuses_a_profile_without_its_probe(monkeypatch):
     """A profile that recorded no memory events (not even the probe's) raises instead of reporting 0 B."""
     ran = []
-    monkeypatch.setattr(measure, "_allocation_events_in_time_order", lambda prof: [])
+    monkeypatch.setattr(measure, "allocation_events_in_time_order", lambda prof: [])
     with pytest.raises(MeasurementError, match="recorded no memory events.*fresh process"):
         measure_peak(lambda: ran.append(_block()))
     assert ran, "the step ran: the error is about the profile, not the step"
@@ -184,8 +184,8 @@ def test_cpu_meter_counts_the_events_after_the_probe(monkeypatch):
     probe's address included."""
     probe = 1000
     events = [(7, 10), (probe, PROBE_BYTES), (probe, -PROBE_BYTES), (8, -500), (probe, 300), (9, 900), (probe, -300)]
-    monkeypatch.setattr(measure, "_allocate_and_free_probe", lambda nbytes: probe)
-    monkeypatch.setattr(measure, "_allocation_events_in_time_order", lambda prof: events)
+    monkeypatch.setattr(measure, "allocate_and_free_probe", lambda nbytes: probe)
+    monkeypatch.setattr(measure, "allocation_events_in_time_order", lambda prof: events)
     _, measured = measure_peak(lambda: None)
     assert (measured.peak_bytes, measured.allocated_bytes, measured.net_bytes, measured.events) == (700, 1200, 400, 4)
 

@@ -20,6 +20,7 @@ from torch import fx
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 
+from .. import matmul_scratch
 from ..kernels.lower_fx import is_supported
 from ..roofline import at_hints, call_flops, compute_dtype, device_of, estimate_seconds
 from .meta import DTR_META_KEY, NodeCost, Phase
@@ -90,7 +91,13 @@ CUDA_WORKSPACE = {
 
 def _workspace(node: fx.Node, codegen: str) -> int:
     table = _workspace_table(node, codegen)
-    return table[node.target](node) if node.target in table else 0
+    known = table[node.target](node) if node.target in table else 0
+    return known + matmul_scratch.scratch_bytes(node.target, _arg_values(node))
+
+
+def _arg_values(node: fx.Node) -> tuple:
+    """The (fake) values of a call's positional arguments, as the kernel will receive them."""
+    return tuple(a.meta.get("val") if isinstance(a, fx.Node) else a for a in node.args)
 
 
 def _workspace_table(node: fx.Node, codegen: str) -> dict:
@@ -121,6 +128,8 @@ def annotate_costs(gm: fx.GraphModule, *, mode: CostMode = "estimate", codegen: 
     phases = classify_phases(gm.graph)
     tangents = {n for n, p in phases.items() if p == "tangent"}
     storages = StorageMap(gm.graph, counted_inputs=tangents)
+    # One profiler session for every 16-bit CPU matmul shape of the graph, not one per node.
+    matmul_scratch.measure_missing((n.target, _arg_values(n)) for n in gm.graph.nodes if n.op == "call_function")
     for node in gm.graph.nodes:
         node.meta[DTR_META_KEY] = _cost_of(node, phases[node], storages, mode, codegen)
     return gm

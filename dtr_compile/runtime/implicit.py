@@ -104,6 +104,7 @@ class StepScope:
         self._depth = len(_get_current_dispatch_mode_stack())
         self._keys = tuple(torch._C._dispatch_tls_is_dispatch_key_included(k) for k in _PYTHON_KEYS)
         runtime.begin_step()
+        runtime.tails.program_seen = self.outside
         # A step the budget cannot hold runs to its end (engine overrun mode); the wrapped backward then raises a
         # BudgetError naming the budget the step needed (`ThreadSteps.budget_error`).
         runtime.engine.overrun = True

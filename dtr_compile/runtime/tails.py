@@ -43,6 +43,10 @@ from ..engine.window import MemoryWindow
 # tail must differ by before the region plans again (backend/region.py).
 LIGHT = 0.01
 
+# The loss's value and the seed gradient `backward()` makes, held at the backward's start where the loss ran unseen:
+# two 0-d tensors, float64 at most.
+UNSEEN_LOSS_SCALARS_BYTES = 16
+
 
 @dataclass(frozen=True)
 class MeasuredTail:
@@ -70,6 +74,7 @@ class TailMeter:
         self._open: dict[str, tuple[MemoryWindow, int, tuple[Storage | None, ...]]] = {}
         self._seen: set[str] = set()  # regions whose forward ran in this step, but for the light ones (`LIGHT`)
         self._budget_bytes: int | None = None
+        self.program_seen = True
         # Regions whose incoming gradients outlived their compiled backward (passes/storage.HELD_META_KEY), and those
         # whose backward was seen to free them all
         self.held_tangents: set[str] = set()
@@ -78,6 +83,9 @@ class TailMeter:
     def begin_step(self, budget_bytes: int | None = None) -> None:
         """`budget_bytes`: the step's budget (None: no budget, or a step calibrating a fraction)."""
         self._budget_bytes = budget_bytes
+        # Does the runtime see the program's code between the regions (the loss)? Not where an implicit step began
+        # inside TorchDynamo's frame (runtime/implicit.py: a compiled model's first step), which sets this.
+        self.program_seen = True
         for window, _, _ in self._open.values():
             self.engine.close_window(window)
         self._open.clear()
@@ -120,7 +128,11 @@ class TailMeter:
             self.spanned.add(region)
         else:
             evicted = self.engine.evictions - evictions
-            held = window.memory + unseen_bytes
+            # Where the program's own code ran unseen (`program_seen`), the loss's scalars are held at the backward's
+            # start all the same. Without them a budget named
+            # as a plan's floor overran by their 8 bytes at the next step (a bf16 MLP; a model that checkpoints its
+            # own blocks; CPU).
+            held = window.memory + unseen_bytes + (0 if self.program_seen else UNSEEN_LOSS_SCALARS_BYTES)
             autograds = frozenset(id(value) for value in inputs)
             dropped_outputs = frozenset(
                 position

@@ -7,7 +7,8 @@ room is made for the workspace too, before the op runs and before each recompute
 The multipliers were measured on CPU with torch 2.13 by running each op alone under the profiler and
 subtracting its fresh output bytes from its allocation peak (GPT-2, BERT, a CNN with BatchNorm, an LSTM
 and a transformer layer). They are upper bounds over the shapes tried, relative to a named reference
-tensor of the call. Ops not listed showed no workspace.
+tensor of the call. Ops not listed showed no workspace, except 16-bit matrix multiplies, whose scratch depends on
+the CPU's instruction set: it is measured per call shape (matmul_scratch.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..matmul_scratch import scratch_bytes
 from .rng_memory import rng_workspace_bytes
 
 _aten = torch.ops.aten
@@ -92,4 +94,4 @@ def workspace_bytes(func: Any, args: tuple, fresh_bytes: int, device: torch.devi
         return 0  # not modeled on CUDA yet (cuDNN/cuBLAS workspaces): measured peaks there will show it
     rng = rng_workspace_bytes(device) if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()) else 0
     estimate = _CPU_WORKSPACE.get(func)
-    return rng + (estimate(args, fresh_bytes) if estimate is not None else 0)
+    return rng + (estimate(args, fresh_bytes) if estimate is not None else 0) + scratch_bytes(func, args)

@@ -23,8 +23,9 @@ from dtr_compile.passes.storage import Tail
 VOCAB, BATCH = 2048, 512  # logits of 4 MiB: the loss's tail dominates the step
 # The loss's value (a 0-d tensor, 8 bytes as the runtime rounds it) is held at the backward's start. A first step
 # under torch 2.11 sees the loss's forward (and counts it); under 2.13 that forward runs unseen inside TorchDynamo's
-# frame (engine/window.py), so a measured tail may carry these few bytes or not.
-LOSS_VALUE_BYTES = 16
+# frame (engine/window.py), and the tail counts the loss's scalars as a step that cannot see them must
+# (runtime/tails.UNSEEN_LOSS_SCALARS_BYTES): a measured tail carries these few bytes, once or twice.
+LOSS_VALUE_BYTES = 32
 
 
 def _about(measured: int, expected: int) -> bool:
@@ -82,6 +83,39 @@ def test_a_budget_below_the_floor_names_a_floor_that_runs() -> None:
     assert peak <= floor, f"the named floor {floor} B did not hold: measured {peak} B"
     for got, want in zip(grads, eager):
         torch.testing.assert_close(got, want)
+
+
+class _CheckpointedBlocks(nn.Module):
+    """Three blocks the model checkpoints itself (`torch.utils.checkpoint`), between an input and an output layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.out = nn.Linear(64, 512), nn.Linear(512, VOCAB)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh()) for _ in range(3)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False)
+        return self.out(h)
+
+
+@pytest.mark.compat
+def test_a_floor_named_for_a_model_that_checkpoints_its_own_blocks_runs() -> None:
+    """Such a model's step is mostly its parameters' gradients, and its floor sits tight against them: the tail the
+    first step measured held the tangents only, its loss having run unseen (inside TorchDynamo's frame), while the
+    loss's value is held at the backward's start too, and the named floor overran by its 8 bytes (a BudgetError
+    at the named floor, naming 8 bytes more)."""
+    model = _CheckpointedBlocks()
+    with pytest.raises(dtr_compile.BudgetError) as info:
+        _train(model, 8 << 20)
+    floor = info.value.smallest_feasible_bytes
+    assert floor is not None and floor > 8 << 20, info.value
+    _, peak = _train(model, floor)
+    assert peak <= floor, f"the named floor {floor} B did not hold: measured {peak} B"
 
 
 def _sum(logits: torch.Tensor, _y: torch.Tensor) -> torch.Tensor:

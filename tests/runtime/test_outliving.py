@@ -50,6 +50,9 @@ def test_a_held_value_whose_inputs_died_is_restored_within_the_budget(autocast: 
             assert total.untyped_storage().nbytes() == 0
         return total
 
+    # Unmeasured: the first sight of a bf16 matmul's shape measures its scratch (dtr_compile/matmul_scratch.py), which
+    # it cannot inside the meter's own profiler, where a bound far above this budget stands in.
+    step()
     total, measured = measure_peak(step)
     assert total.untyped_storage().nbytes() > 0
     torch.testing.assert_close(total, expected)
