@@ -28,6 +28,13 @@ What we depend on, and why:
   (passes/storage.HELD_META_KEY; tests/e2e/test_held_gradients.py): freed after their last read in every memory
   model, a cross-entropy's logits gradient put a 5-layer MLP at 1.10x its budget.
 
+- `torch._C._ForceDispatchKeyGuard` around a TorchDynamo-compiled frame's call (2.13+; 2.11 calls the frame
+  without it): when the call returns, the dispatch keys enabled when it began are put back. A compiled model's first
+  step begins inside that call (runtime/implicit.py), so on 2.13+ the runtime's dispatch mode, pushed there, sees
+  nothing of the code after the model (the loss), and the runtime makes room for it instead; on 2.11 it sees it
+  all (`DYNAMO_RESTORES_DISPATCH_KEYS`, read off the source of `torch._dynamo.eval_frame`: the guard is a local
+  of the call, with no attribute to test).
+
 Every other private torch name the package uses (about 160 references: dispatch modes, AOTAutograd, Inductor's
 partitioner hooks, the profiler's event tree, storage weak references) is the same on 2.11, 2.13 and 2.15;
 tests/compat/test_private_names.py checks that each resolves, on every release CI runs.
@@ -35,12 +42,15 @@ tests/compat/test_private_names.py checks that each resolves, on every release C
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
+import torch._dynamo.eval_frame
 import torch.fx.experimental.symbolic_shapes as _symbolic_shapes
 
 __all__ = [
+    "DYNAMO_RESTORES_DISPATCH_KEYS",
     "FREES_BACKWARD_GRADS",
     "HAS_STORAGE_SWAP",
     "set_storage_swap",
@@ -52,6 +62,8 @@ __all__ = [
 HAS_STORAGE_SWAP: bool = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
 # Whether a compiled backward frees each incoming gradient after its last use (see the module docstring).
 FREES_BACKWARD_GRADS: bool = hasattr(torch.autograd.Function, "boxed_grads_call")
+# Whether a compiled frame's call restores the dispatch keys when it returns (see the module docstring).
+DYNAMO_RESTORES_DISPATCH_KEYS: bool = "_ForceDispatchKeyGuard" in inspect.getsource(torch._dynamo.eval_frame)
 _use_swap = HAS_STORAGE_SWAP
 
 

@@ -60,7 +60,7 @@ from ..passes import running_plans
 from ..passes.costs import is_random
 from ..passes.meta import cost_of
 from ..passes.partition import DTRPartitioner, PlanReport
-from ..passes.storage import LEAST_TAIL, Tail
+from ..passes.storage import LEAST_TAIL, Tail, default_tail, tangent_bytes, tangent_placeholders
 from ..planned_sizes import SizesSeen, planned_at
 from ..runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint, device_of
 from ..runtime.implicit import STEPS
@@ -626,6 +626,13 @@ def _let_go_bytes(report: PlanReport, tail: Any) -> int:
     return sum(tensor_nbytes(node.meta.get("val")) for node in dropped)
 
 
+def _unseen_tail_bytes(report: PlanReport) -> int:
+    """The most the code after the region's forward may hold, for a step that cannot see it (compiled_ops.py): the
+    plan's tail, or the assumed one where the plan was made with less (the least tail: backend/region.py)."""
+    tangents = tangent_placeholders(report.joint.graph)
+    return max(report.tail.peak_bytes, default_tail(tangents, tangent_bytes(tangents)).peak_bytes)
+
+
 def part_maker(
     graph: fx.GraphModule, phase: str, report: PlanReport | None, region: str, *, tangents_held: bool = False
 ) -> Callable[[Any], CompiledPart]:
@@ -639,6 +646,7 @@ def part_maker(
         if isinstance(v, torch.Tensor)
     )
     footprint = _footprint(report, phase, example_numels) if report is not None else NO_FOOTPRINT
+    unseen_tail = _unseen_tail_bytes(report) if report is not None and phase == "forward" else 0
     mutated = _mutated_inputs(graph, placeholders)
     # A forward's outputs can each be recomputed alone, from the region's inputs and its other outputs.
     slices = output_slices(graph) if phase != "backward" and not mutated else None
@@ -666,6 +674,7 @@ def part_maker(
             tangents=[i for i, n in enumerate(placeholders) if phase == "backward" and n.name.startswith("tangents")],
             forward_outputs=report.num_fwd_outputs if report is not None and phase == "forward" else 0,
             tangents_held=tangents_held,
+            unseen_tail_bytes=unseen_tail,
         )
 
     return finish

@@ -303,6 +303,26 @@ class Engine:
         self.clock += cost
         self.compute_cost += cost
 
+    def make_room(self, nbytes: int, keep: Sequence[Storage] = ()) -> int:
+        """Evict until `nbytes` more fit the budget, or nothing is left to evict, for memory that code the engine
+        cannot see may allocate; never `keep` (what that code may read: it cannot ask for it back). Returns the bytes
+        still missing. Room made ahead for a guess: nothing is recorded, no overrun is counted (the code may need
+        less), and no memory window counts the bytes (they are not allocated here)."""
+        if self.budget_bytes is None:
+            return 0
+        for storage in keep:
+            storage.locks += 1
+        try:
+            while self.memory + nbytes > self.budget_bytes:
+                victim = self._choose_victim()
+                if victim is None:
+                    break
+                self._evict(victim, eager=False)
+        finally:
+            for storage in keep:
+                self._unlock(storage)
+        return max(0, self.memory + nbytes - self.budget_bytes)
+
     def abandon(self, inputs: Sequence[Storage]) -> None:
         """Undo the locks of a `reserve` whose operation failed (or that only materialized its inputs)."""
         for storage in inputs:

@@ -35,7 +35,7 @@ from .operations import Inputs, record_outputs
 from .recipe import OutputSource, Recipe, RngState
 from .rng_memory import hold_rng_state, rng_workspace_bytes
 from .slices import OutputSlice
-from .values import Buffer, TensorValue, buffer, storage_key
+from .values import Buffer, TensorValue, buffer, held_by_program, storage_key
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,7 @@ class CompiledPart:
         tangents: Sequence[int] = (),
         forward_outputs: int = 0,
         tangents_held: bool = False,
+        unseen_tail_bytes: int = 0,
     ) -> None:
         """`estimated_s`: the plan's modelled time of the part (its cost to the engine unless costs are
         measured); `random`: it draws random numbers (its RNG state is replayed by a recompute);
@@ -100,7 +101,9 @@ class CompiledPart:
         `tangents`: positions of a backward's incoming gradients among its inputs (part of that tail);
         `forward_outputs`: how many of a forward's results are the region's outputs (the rest are saved for the
         backward): the tail notes which of them the program let go before the backward; `tangents_held`: the plan
-        holds the incoming gradients through the backward (passes/storage.HELD_META_KEY)."""
+        holds the incoming gradients through the backward (passes/storage.HELD_META_KEY); `unseen_tail_bytes`: what the
+        code after a forward may hold (its region's tail), made room for when the forward returns into code the runtime
+        cannot see (`make_room_for_unseen_tail`)."""
         if not getattr(inner, "_boxed_call", False):
             from torch._functorch.aot_autograd import make_boxed_func
 
@@ -121,6 +124,7 @@ class CompiledPart:
         self.tangents = tuple(tangents)
         self.forward_outputs = forward_outputs
         self.tangents_held = tangents_held
+        self.unseen_tail_bytes = unseen_tail_bytes
         self._measured_s = float("inf")
 
     def __call__(self, *call_args: Any) -> Any:
@@ -161,6 +165,8 @@ class CompiledPart:
                 ]
             )
             runtime.tails.forward_returned(tail_of[0], held_bytes, outputs)
+            if not runtime.tails.program_seen:
+                make_room_for_unseen_tail(runtime, self, list(results))
         return results
 
     def _watch_tangents(self, args: list[Any]) -> list[StorageWeakRef]:
@@ -344,6 +350,28 @@ def run_part(rt: RuntimeInterface, part: CompiledPart, args: list[Any]) -> list[
                            lambda sources: PartRecipe(part, inputs.leaves, frozenset(written), sources, rng),
                            unpredicted=True, consumed=consumed)
     return results
+
+
+def make_room_for_unseen_tail(rt: RuntimeInterface, part: CompiledPart, results: list[Any]) -> None:
+    """A forward returns into code the runtime cannot see (a compiled model's first step begins inside TorchDynamo's
+    frame: runtime/implicit.py): the loss that runs there allocates out of the runtime's sight, so it cannot evict to
+    make room as the loss needs it. Room is made now for the region's tail instead (the larger of the plan's and the
+    assumed one: a first step may plan with the least tail), evicting saved values the backward will recompute, as
+    far as they go: the tail is a guess, so falling short raises nothing (a loss that needs less still runs). Without
+    it the first step of an MLP whose plan could not meet the budget (0.7 of eager's peak, the loss outside the
+    model) measured 1.07x the budget with no error; the next step named the floor."""
+    engine = rt.engine
+    if part.unseen_tail_bytes <= 0 or engine.budget_bytes is None:
+        return
+    # Only what autograd alone holds is evicted: the backward reads it through the runtime's saved-tensor hooks,
+    # which bring it back. What the program holds (the forward's outputs) the unseen code reads as it is: evicted,
+    # the loss summed a storage of 0 bytes (a segmentation fault). `results` still holds the values the forward saves
+    # for its backward, which autograd alone will hold once the part returns: those may go.
+    index = rt.index
+    outputs = {index.lookup(r) for r in results[: part.forward_outputs] if isinstance(r, torch.Tensor)}
+    saved = {index.lookup(r) for r in results[part.forward_outputs :] if isinstance(r, torch.Tensor)} - outputs
+    held = [storage for storage in engine.pool if storage not in saved and held_by_program(storage)]
+    engine.make_room(part.unseen_tail_bytes, keep=held)
 
 
 def _tangents_may_be_held(rt: RuntimeInterface, part: CompiledPart) -> bool:

@@ -50,7 +50,7 @@ import torch._dynamo.eval_frame
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _get_current_dispatch_mode_stack, _pop_mode
 
-from .. import config
+from .. import compat, config
 from ..errors import BudgetError
 from .backward_pass import backward_keeps_graph, in_backward_pass
 from .runtime import Runtime, current_step
@@ -104,7 +104,9 @@ class StepScope:
         self._depth = len(_get_current_dispatch_mode_stack())
         self._keys = tuple(torch._C._dispatch_tls_is_dispatch_key_included(k) for k in _PYTHON_KEYS)
         runtime.begin_step()
-        runtime.tails.program_seen = self.outside
+        # Begun inside TorchDynamo's frame, the step sees the code after the model only where the frame leaves the
+        # dispatch keys as it found them (torch 2.11: compat.DYNAMO_RESTORES_DISPATCH_KEYS).
+        runtime.tails.program_seen = self.outside or not compat.DYNAMO_RESTORES_DISPATCH_KEYS
         # A step the budget cannot hold runs to its end (engine overrun mode); the wrapped backward then raises a
         # BudgetError naming the budget the step needed (`ThreadSteps.budget_error`).
         runtime.engine.overrun = True

@@ -44,7 +44,7 @@ from .recorder import TraceRecorder
 from .saved import saved_tensor_hooks
 from .sizes import OutputSizer
 from .tails import TailMeter
-from .values import buffer
+from .values import buffer, held_by_program
 
 _FROM_CONFIG: Any = object()  # default budget: dtr_compile.config.memory_budget at construction
 
@@ -298,7 +298,7 @@ class Runtime:
         threshold = engine._min_evictable_size()
         for storage in self.index.versions():
             small = storage.resident and storage.nbytes < threshold and storage.producer is not None
-            if small and _held_by_program(storage):
+            if small and held_by_program(storage):
                 engine.keep_resident(storage)
 
     def _restore_outliving(self, failed: bool) -> None:
@@ -541,11 +541,6 @@ class Runtime:
             steps=self._steps,
             calibrating=self._calibrating,
         )
-
-
-def _held_by_program(storage: Storage) -> bool:
-    """Does a live tensor of the program hold `storage` (not only a tensor autograd saved for the backward)?"""
-    return any(cell.death is not None and cell.storage is storage for cell in buffer(storage).cells.items())
 
 
 def enable(memory_budget: Any = _FROM_CONFIG, **options: Any) -> Runtime:

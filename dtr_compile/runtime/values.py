@@ -188,3 +188,8 @@ def view_of(untyped: torch.UntypedStorage | None, like: Any) -> torch.Tensor:
     out = torch.empty(0, dtype=like.dtype, device=untyped.device)
     out.set_(untyped, like.offset, like.size, like.stride)
     return out
+
+
+def held_by_program(storage: Storage) -> bool:
+    """Does a live tensor of the program hold `storage` (not only a tensor autograd saved for the backward)?"""
+    return any(cell.death is not None and cell.storage is storage for cell in buffer(storage).cells.items())

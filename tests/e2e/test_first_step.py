@@ -1,0 +1,72 @@
+"""The first step of a compiled model, the one that compiles, holds the budget too, with the loss outside the model.
+
+That step begins inside TorchDynamo's frame (runtime/implicit.py): the loss's forward runs where the runtime cannot
+see it, and its backward where it can. Two faults made the first step overrun where every later step held:
+  - the loss's log-softmax, first seen read in the backward, stayed allocated through the model's backward (the
+    runtime's record of an outside tensor held its bytes while autograd's saved copy lived on):
+    1.12x the budget at 0.78 of eager's peak;
+  - where the plan could not leave room for the loss (a budget below the region's floor), the runtime could not
+    evict for an allocation it does not see: 1.07x at 0.7 before the second step named the floor. Room for the
+    region's tail is now made as its forward returns (compiled_ops.make_room_for_unseen_tail).
+Oracle: the meter's peak of the first step against the budget. Each case runs in a fresh process: a first step
+in a process that compiled the same graph before plans with what that one learned. FX code (no compile-time
+measurement, whose profiler would refuse to nest inside the meter's).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+FIRST_STEP = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from torch import nn
+    sys.path.insert(0, {here!r})
+    from compiled_models import tanh_chain
+    import dtr_compile
+    from dtr_compile.measure import measure_peak
+
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(2048, 64, generator=gen), torch.randint(0, 1024, (2048,), generator=gen)
+    model = tanh_chain(1024, 1024)
+    nn.functional.cross_entropy(model(x), y).backward()  # the meter's first profile in a process may miss frees
+    model.zero_grad(set_to_none=True)
+    eager = measure_peak(lambda: nn.functional.cross_entropy(model(x), y).backward())[1].peak_bytes
+    model.zero_grad(set_to_none=True)
+    budget = int({fraction} * eager)
+    result = {{"budget": budget}}
+    with dtr_compile.config.patch(memory_budget=budget, codegen="fx"):
+        compiled = torch.compile(model, backend="dtr")
+        try:
+            result["peak"] = measure_peak(lambda: nn.functional.cross_entropy(compiled(x), y).backward())[1].peak_bytes
+        except dtr_compile.BudgetError as error:
+            result["named"] = error.smallest_feasible_bytes
+    print(json.dumps(result))
+    """
+)
+
+
+def _first_step(fraction: float) -> dict:
+    script = FIRST_STEP.format(here=str(Path(__file__).parent), fraction=fraction)
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("fraction", [0.78, 0.7])
+def test_the_first_step_holds_the_budget_with_the_loss_outside_the_model(fraction) -> None:
+    result = _first_step(fraction)
+    budget = result["budget"]
+    if "named" in result:  # held, or named what it needs: never silently above
+        assert result["named"] is not None and result["named"] > budget, result
+        return
+    peak = result["peak"]
+    assert peak <= budget, f"the first step measured {peak} for a budget of {budget} ({peak / budget:.3f}x)"
