@@ -27,7 +27,18 @@ class MemoryWindow:
     """Bytes of storages born since the window opened: now (`memory`), at most (`peak`), and the bytes of
     older storages freed as dead meanwhile (`dropped`)."""
 
-    __slots__ = ("allocations", "dead", "dropped", "evicted", "first_sid", "memory", "outputs", "peak", "released")
+    __slots__ = (
+        "allocations",
+        "credit_early_drops",
+        "dead",
+        "dropped",
+        "evicted",
+        "first_sid",
+        "memory",
+        "outputs",
+        "peak",
+        "released",
+    )
 
     def __init__(self, first_sid: int, outputs: frozenset[int] = frozenset()) -> None:
         self.first_sid = first_sid
@@ -39,6 +50,10 @@ class MemoryWindow:
         self.peak = 0  # of `memory - released`: what the window holds above its start, at most
         self.dropped = 0
         self.released = 0  # bytes of older storages dropped while resident, after the window's first allocation
+        # Credit a drop seen before any allocation too: where the code that runs unseen has its births counted when
+        # they are first seen (runtime/constants.py: a first step's loss, whose log-softmax is counted as the backward
+        # reads it, after the logits' drop), so that nothing allocated unseen before the drop goes uncounted.
+        self.credit_early_drops = False
         self.allocations = 0  # storages born in the window so far
         self.evicted: set[int] = set()  # older storages evicted in the window while still held (ids)
         # Older storages whose drop was counted, or that nothing held when the window saw them first (ids). A dead
@@ -66,7 +81,7 @@ class MemoryWindow:
             self.evicted.discard(storage.sid)
             if storage.sid not in self.outputs:
                 self.dropped += storage.nbytes
-            if self.allocations:
+            if self.allocations or self.credit_early_drops:
                 self.released += storage.nbytes
         else:
             self.evicted.add(storage.sid)

@@ -138,6 +138,7 @@ class CompiledPart:
             runtime.backward_began()
         tail_of = self.tail_of
         if tail_of is not None and tail_of[1] == "backward":
+            runtime.constants.release_unseen_births()
             runtime.tails.backward_begins(tail_of[0], self._unseen_tangent_bytes(runtime, args), args)
         if self.on_call is not None:
             self.on_call(runtime)

@@ -140,6 +140,7 @@ class Runtime:
             weakref.finalize(self, self.recorder.close)
         self.index = StorageIndex(self.engine, self.recorder)
         self.tails = TailMeter(self.engine, self.index.viewed)  # what each region's loss and later code hold (tails.py)
+        self.constants.counts_unseen_births = lambda: not self.tails.program_seen
         self._log_cells: dict[int, HandleCell] = {}  # id(tensor) -> its handle, only while recording a log
         self._mode: DTRMode | None = None
         self._froze_gc = False  # whether begin_step froze the older objects (end_step unfreezes them)

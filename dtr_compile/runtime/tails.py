@@ -103,7 +103,9 @@ class TailMeter:
         if previous is not None:
             self.engine.close_window(previous[0])
         watched = frozenset(storage.sid for storage in outputs if storage is not None)
-        self._open[region] = (self.engine.open_window(watched), self.engine.evictions, tuple(outputs))
+        window = self.engine.open_window(watched)
+        window.credit_early_drops = not self.program_seen  # what the unseen code made is counted as it is seen
+        self._open[region] = (window, self.engine.evictions, tuple(outputs))
 
     def backward_begins(self, region: str, unseen_bytes: int = 0, inputs: Sequence[object] = ()) -> None:
         """`unseen_bytes`: incoming gradients of the region's backward allocated where the runtime could not see them

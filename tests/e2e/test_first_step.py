@@ -7,7 +7,10 @@ see it, and its backward where it can. Two faults made the first step overrun wh
     1.12x the budget at 0.78 of eager's peak;
   - where the plan could not leave room for the loss (a budget below the region's floor), the runtime could not
     evict for an allocation it does not see: 1.07x at 0.7 before the second step named the floor. Room for the
-    region's tail is now made as its forward returns (compiled_ops.make_room_for_unseen_tail).
+    region's tail is now made as its forward returns (compiled_ops.make_room_for_unseen_tail);
+  - what the loss's unseen code made and its seen backward reads (a mean of squares' difference, the mean's
+    gradient) was counted nowhere: 1.11x at 0.72. It is now counted from its first sight until the region's backward
+    begins (runtime/constants.py). At 0.78 that step still measures 1.03x (README, Limitations).
 Oracle: the meter's peak of the first step against the budget. Each case runs in a fresh process: a first step
 in a process that compiled the same graph before plans with what that one learned. FX code (no compile-time
 measurement, whose profiler would refuse to nest inside the meter's).
@@ -36,16 +39,18 @@ FIRST_STEP = textwrap.dedent(
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(2048, 64, generator=gen), torch.randint(0, 1024, (2048,), generator=gen)
     model = tanh_chain(1024, 1024)
-    nn.functional.cross_entropy(model(x), y).backward()  # the meter's first profile in a process may miss frees
+    losses = {{"cross_entropy": nn.functional.cross_entropy, "mean_square": lambda out, _: (out - 1).pow(2).mean()}}
+    loss = losses[{loss!r}]
+    loss(model(x), y).backward()  # the meter's first profile in a process may miss frees
     model.zero_grad(set_to_none=True)
-    eager = measure_peak(lambda: nn.functional.cross_entropy(model(x), y).backward())[1].peak_bytes
+    eager = measure_peak(lambda: loss(model(x), y).backward())[1].peak_bytes
     model.zero_grad(set_to_none=True)
     budget = int({fraction} * eager)
     result = {{"budget": budget}}
     with dtr_compile.config.patch(memory_budget=budget, codegen="fx"):
         compiled = torch.compile(model, backend="dtr")
         try:
-            result["peak"] = measure_peak(lambda: nn.functional.cross_entropy(compiled(x), y).backward())[1].peak_bytes
+            result["peak"] = measure_peak(lambda: loss(compiled(x), y).backward())[1].peak_bytes
         except dtr_compile.BudgetError as error:
             result["named"] = error.smallest_feasible_bytes
     print(json.dumps(result))
@@ -53,17 +58,17 @@ FIRST_STEP = textwrap.dedent(
 )
 
 
-def _first_step(fraction: float) -> dict:
-    script = FIRST_STEP.format(here=str(Path(__file__).parent), fraction=fraction)
+def _first_step(loss: str, fraction: float) -> dict:
+    script = FIRST_STEP.format(here=str(Path(__file__).parent), loss=loss, fraction=fraction)
     done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.compat
-@pytest.mark.parametrize("fraction", [0.78, 0.7])
-def test_the_first_step_holds_the_budget_with_the_loss_outside_the_model(fraction) -> None:
-    result = _first_step(fraction)
+@pytest.mark.parametrize(("loss", "fraction"), [("cross_entropy", 0.78), ("cross_entropy", 0.7), ("mean_square", 0.72)])
+def test_the_first_step_holds_the_budget_with_the_loss_outside_the_model(loss: str, fraction: float) -> None:
+    result = _first_step(loss, fraction)
     budget = result["budget"]
     if "named" in result:  # held, or named what it needs: never silently above
         assert result["named"] is not None and result["named"] > budget, result
