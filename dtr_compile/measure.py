@@ -193,9 +193,18 @@ MARK_BYTES = 48
 def _measure_cpu(step: Callable[[], T], marks: _Marks) -> tuple[T, PeakMeasurement]:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        probe_address = allocate_and_free_probe(PROBE_BYTES)
-        result = step()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            probe_address = allocate_and_free_probe(PROBE_BYTES)
+            result = step()
+    except RuntimeError as error:
+        # torch 2.11 refuses to end a session another one inside the step already ended (later releases return an
+        # empty profile, which `_after_probe` refuses): the same fault, named the same way.
+        if "not running" not in str(error):
+            raise
+        raise MeasurementError(
+            f"measure_peak on cpu: the profiler's session ended inside the step. {_ANOTHER}"
+        ) from error
     events, at_marks = _without_marks(_after_probe(allocation_events_in_time_order(prof), probe_address), marks)
     running = peak = allocated = 0
     live_at: dict[int, int] = {}  # event index -> running total before it
@@ -233,6 +242,12 @@ def _without_marks(events: list[tuple[int, int]], marks: _Marks) -> tuple[list[t
     return kept, at_marks
 
 
+_ANOTHER = (
+    "Another torch.profiler session started or stopped during the step, or the profiler failed to start: run the "
+    "step with no other profiler active, or measure it again in a fresh process."
+)
+
+
 def _after_probe(events: list[tuple[int, int]], probe_address: int) -> list[tuple[int, int]]:
     """The events after the probe's free: the step's. A `MeasurementError` if the probe's events are missing,
     since then the profiler recorded nothing of this thread and a peak of 0 would be silently wrong."""
@@ -241,8 +256,7 @@ def _after_probe(events: list[tuple[int, int]], probe_address: int) -> list[tupl
         raise MeasurementError(
             f"measure_peak on cpu: the profiler recorded no memory events for this step (not even the meter's own "
             f"{PROBE_BYTES}-byte probe allocated just before it; {len(events)} allocation events in all), so its "
-            "peak is unknown. Another torch.profiler session started or stopped during the step, or the profiler "
-            "failed to start: run the step with no other profiler active, or measure it again in a fresh process."
+            f"peak is unknown. {_ANOTHER}"
         )
     return events[span[1] + 1 :]
 

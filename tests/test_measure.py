@@ -164,6 +164,7 @@ def test_cpu_meter_refuses_a_profile_without_its_probe(monkeypatch):
     assert issubclass(MeasurementError, DTRError)
 
 
+@pytest.mark.compat  # torch 2.11 raises where later releases return an empty profile
 def test_cpu_meter_refuses_a_step_that_ends_its_profile():
     """A profiler session started and stopped inside the step ends the meter's own: torch then returns an empty
     profile (and logs "disableProfiler called but no active profiling session found"), which read as 0 B."""
