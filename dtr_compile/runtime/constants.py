@@ -282,7 +282,8 @@ class ConstantRegistry:
             # counted, room made for it, while the loss's backward runs. Uncounted, the first step of an MLP with its
             # mean of squares outside the model measured 1.15x the budget. Integer tensors (the targets the loss
             # reads) were made before the step: not counted.
-            self.unseen_births.append(self.hold_to_end(untyped.nbytes(), "a tensor made by code the runtime did not see"))
+            made_unseen = self.hold_to_end(untyped.nbytes(), "a tensor made by code the runtime did not see")
+            self.unseen_births.append(made_unseen)
         return entry
 
     def _pinned(self, nbytes: int, payload: Buffer) -> Storage:
