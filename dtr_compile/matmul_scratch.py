@@ -23,6 +23,7 @@ ask it, so a compiled plan and an eager step count the same bytes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -57,7 +58,8 @@ def scratch_bytes(func: Any, args: tuple) -> int:
     key = _key(func, args)
     if key not in _measured:
         measure_missing([(func, args)])
-    return _measured.get(key, _fallback(args))
+    measured = _measured.get(key)
+    return measured if measured is not None else _fallback(args)
 
 
 def known(func: Any, args: tuple) -> bool:
@@ -108,7 +110,7 @@ FALLBACK_PER_THREAD = 256 << 10
 
 
 def _fallback(args: tuple) -> int:
-    copies = sum(_numel(a) * 4 for a in args if isinstance(a, torch.Tensor))
+    copies = sum(math.prod(_hints(a.shape)) * 4 for a in args if isinstance(a, torch.Tensor))
     return 2 * copies + FALLBACK_PER_THREAD * torch.get_num_threads()
 
 
@@ -131,13 +133,6 @@ def _hints(sizes: Iterable[Any]) -> tuple[int, ...]:
 def _hint(size: Any) -> int:
     planned = planned_value(size)
     return planned if planned is not None else compat.size_hint(size, 4096)
-
-
-def _numel(t: torch.Tensor) -> int:
-    n = 1
-    for s in _hints(t.shape):
-        n *= s
-    return n
 
 
 def _zeros_like(value: Any) -> Any:

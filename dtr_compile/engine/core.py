@@ -303,25 +303,18 @@ class Engine:
         self.clock += cost
         self.compute_cost += cost
 
-    def make_room(self, nbytes: int, keep: Sequence[Storage] = ()) -> int:
+    def make_room(self, nbytes: int, keep: Sequence[Storage] = ()) -> None:
         """Evict until `nbytes` more fit the budget, or nothing is left to evict, for memory that code the engine
-        cannot see may allocate; never `keep` (what that code may read: it cannot ask for it back). Returns the bytes
-        still missing. Room made ahead for a guess: nothing is recorded, no overrun is counted (the code may need
-        less), and no memory window counts the bytes (they are not allocated here)."""
-        if self.budget_bytes is None:
-            return 0
+        cannot see may allocate; never `keep` (what that code may read: it cannot ask for it back). Room made ahead
+        for a guess: nothing is recorded, no overrun is counted where it falls short (the code may need less), and no
+        memory window counts the bytes (they are not allocated here)."""
         for storage in keep:
             storage.locks += 1
         try:
-            while self.memory + nbytes > self.budget_bytes:
-                victim = self._choose_victim()
-                if victim is None:
-                    break
-                self._evict(victim, eager=False)
+            self._evict_until_fits(nbytes)
         finally:
             for storage in keep:
                 self._unlock(storage)
-        return max(0, self.memory + nbytes - self.budget_bytes)
 
     def abandon(self, inputs: Sequence[Storage]) -> None:
         """Undo the locks of a `reserve` whose operation failed (or that only materialized its inputs)."""
@@ -481,16 +474,23 @@ class Engine:
         self.executor.evict(storage)
 
     def _make_room(self, nbytes: int) -> None:
-        if self.budget_bytes is None:
+        if self._evict_until_fits(nbytes):
             return
+        if self.overrun and not self._strict:
+            self._raise_budget_to(self.memory + nbytes)
+            return
+        self._raise_budget_error(nbytes)
+
+    def _evict_until_fits(self, nbytes: int) -> bool:
+        """Evict until `nbytes` more fit the budget; False where nothing is left to evict first."""
+        if self.budget_bytes is None:
+            return True
         while self.memory + nbytes > self.budget_bytes:
             victim = self._choose_victim()
             if victim is None:
-                if self.overrun and not self._strict:
-                    self._raise_budget_to(self.memory + nbytes)
-                    return
-                self._raise_budget_error(nbytes)
+                return False
             self._evict(victim, eager=False)
+        return True
 
     def _choose_victim(self) -> Storage | None:
         start = time.perf_counter()

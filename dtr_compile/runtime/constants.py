@@ -120,6 +120,7 @@ class ConstantRegistry:
         for storage in self._held_to_end:
             self.engine.release(storage)
         self._held_to_end.clear()
+        self.unseen_births.clear()  # released above, where no region's backward began
         for handle in self._grad_hooks.values():
             handle.remove()
         self._grad_hooks.clear()

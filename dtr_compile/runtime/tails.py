@@ -131,9 +131,8 @@ class TailMeter:
         else:
             evicted = self.engine.evictions - evictions
             # Where the program's own code ran unseen (`program_seen`), the loss's scalars are held at the backward's
-            # start all the same. Without them a budget named
-            # as a plan's floor overran by their 8 bytes at the next step (a bf16 MLP; a model that checkpoints its
-            # own blocks; CPU).
+            # start all the same. Without them a budget named as a plan's floor overran by their 8 bytes at the next
+            # step (a bf16 MLP; a model that checkpoints its own blocks; CPU).
             held = window.memory + unseen_bytes + (0 if self.program_seen else UNSEEN_LOSS_SCALARS_BYTES)
             autograds = frozenset(id(value) for value in inputs)
             dropped_outputs = frozenset(
