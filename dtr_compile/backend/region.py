@@ -60,7 +60,16 @@ from ..passes import running_plans
 from ..passes.costs import is_random
 from ..passes.meta import cost_of
 from ..passes.partition import DTRPartitioner, PlanReport
-from ..passes.storage import LEAST_TAIL, Tail, default_tail, tangent_bytes, tangent_placeholders
+from ..passes.storage import (
+    LEAST_TAIL,
+    LOSS_TAIL_SCALAR_BYTES,
+    UNSEEN_LOSS_TANGENTS,
+    Tail,
+    default_tail,
+    loss_tail_bytes,
+    tangent_bytes,
+    tangent_placeholders,
+)
 from ..planned_sizes import SizesSeen, planned_at
 from ..runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint, device_of
 from ..runtime.implicit import STEPS
@@ -628,9 +637,14 @@ def _let_go_bytes(report: PlanReport, tail: Any) -> int:
 
 def _unseen_tail_bytes(report: PlanReport) -> int:
     """The most the code after the region's forward may hold, for a step that cannot see it (compiled_ops.py): the
-    plan's tail, or the assumed one where the plan was made with less (the least tail: backend/region.py)."""
+    plan's tail, or the assumed one where the plan was made with less (the least tail: backend/region.py), and no less
+    than what a loss outside the region may hold (storage.UNSEEN_LOSS_TANGENTS)."""
     tangents = tangent_placeholders(report.joint.graph)
-    return max(report.tail.peak_bytes, default_tail(tangents, tangent_bytes(tangents)).peak_bytes)
+    gradients = tangent_bytes(tangents)
+    unseen_loss = (
+        UNSEEN_LOSS_TANGENTS * gradients + LOSS_TAIL_SCALAR_BYTES if loss_tail_bytes(tangents, gradients) else 0
+    )
+    return max(report.tail.peak_bytes, default_tail(tangents, gradients).peak_bytes, unseen_loss)
 
 
 def part_maker(
