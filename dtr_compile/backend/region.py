@@ -56,13 +56,14 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .. import auto_budget, config
 from ..config import Budget
 from ..errors import BudgetError, MeasurementError, format_bytes
-from ..passes import running_plans
+from ..passes import plan_cache, running_plans
 from ..passes.costs import is_random
 from ..passes.meta import cost_of
 from ..passes.partition import DTRPartitioner, PlanReport
 from ..passes.storage import (
     LEAST_TAIL,
     LOSS_TAIL_SCALAR_BYTES,
+    TAIL_META_KEY,
     UNSEEN_LOSS_TANGENTS,
     Tail,
     default_tail,
@@ -157,6 +158,8 @@ class Region:
         self._replan_failed = False
         # (the step's floor by this region's tightest plan, why) when its plan does not fit the step's budget
         self._floor_note: tuple[int, str] | None = None
+        # The joint graph's structure, once a plan asked for a tail an earlier process measured (`_recall_tail`)
+        self._tail_structure: str | None = None
         key, budget = self._plan_budget()
         self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
 
@@ -270,8 +273,13 @@ class Region:
         measured = runtime.tails.learned.get(self.name)
         if measured is None:  # it shared its step with another region (tails.py): the assumed one stays
             return None
+        if self._tail_structure is not None:  # for a later process's first step (`_recall_tail`)
+            tail_key = plan_cache.tail_key(self._tail_structure, _sizes_key(self._tail_sizes))
+            plan_cache.remember_tail(
+                tail_key, Tail(measured.peak_bytes, measured.at_backward_bytes, measured.dropped_outputs)
+            )
         report = self.reports[-1]
-        assumed = report.tail  # the assumed one, or the least where the assumed one left no plan
+        assumed = report.tail  # the assumed or recalled one, or the least where the assumed one left no plan
         # At the backward's start, outputs the program let go count as freed (at most: a plan may save one)
         at_backward = [tail.at_backward_bytes - _let_go_bytes(report, tail) for tail in (measured, assumed)]
         deltas = (measured.peak_bytes - assumed.peak_bytes, at_backward[0] - at_backward[1])
@@ -294,6 +302,17 @@ class Region:
         if compiling or self.reports[-1].least_tail or (off > TAIL_TOLERANCE * step_budget and not on_target):
             self._tail = Tail(measured.peak_bytes, measured.at_backward_bytes, measured.dropped_outputs)
         return self._tail_at_planned_sizes()
+
+    def _recall_tail(self, structure: str) -> Tail | None:
+        """The tail a step of an earlier process measured after this graph's forward at these sizes, for a plan made
+        before any step of this one measured it (the partitioner asks, with the joint graph's structure). The floor a
+        BudgetError names is that of the measured tail: planned with the assumed one, the first step of a later
+        process at that floor found no plan (the assumed tail needed more), planned with the least tail, evicted
+        what the unseen loss needed room for, and raised a BudgetError naming 1.33x the floor (a 5-layer MLP with its
+        cross-entropy outside the model, FX code). A different loss since is measured by that step and planned for
+        from the next, as an assumed tail would be."""
+        self._tail_structure = structure
+        return plan_cache.remembered_tail(plan_cache.tail_key(structure, _sizes_key(self._sizes.values)))
 
     def _tail_at_planned_sizes(self) -> Tail | None:
         """The measured tail, grown with the region's outputs from the sizes of the step that measured it to those
@@ -562,6 +581,7 @@ class Region:
             tail=tail,
             runs_once=codegen != self.codegen,
             tangents_held=self._tangents_held,
+            recall_tail=self._recall_tail if tail is None and not self._tail_decided else None,
         )
 
         made: list[tuple[CompiledPart, PlanReport, str]] = []
@@ -623,6 +643,11 @@ def _autocast_as_traced(state: tuple[tuple[str, torch.dtype], ...]) -> Any:
         yield
 
 
+def _sizes_key(sizes: dict[Any, int]) -> str:
+    """Symbolic sizes and their values as plain text (plan_cache.tail_key)."""
+    return repr(sorted((str(symbol), value) for symbol, value in sizes.items()))
+
+
 def _step_id(runtime: Any) -> tuple[int, int] | None:
     """Which step `runtime` is running (or will run next): one Runtime runs many, counted by its stats."""
     return None if runtime is None else (id(runtime), runtime.steps_ended)
@@ -640,6 +665,10 @@ def _unseen_tail_bytes(report: PlanReport) -> int:
     plan's tail, or the assumed one where the plan was made with less (the least tail: backend/region.py), and no less
     than what a loss outside the region may hold (storage.UNSEEN_LOSS_TANGENTS)."""
     tangents = tangent_placeholders(report.joint.graph)
+    if not report.least_tail and any(TAIL_META_KEY in t.meta for t in tangents):
+        # Measured by a step (recalled from an earlier process: `_recall_tail`): the plan left room for it. Room for
+        # the guess instead evicted the one value the plan saved, which only a rerun of the whole forward brings back.
+        return report.tail.peak_bytes
     gradients = tangent_bytes(tangents)
     unseen_loss = (
         UNSEEN_LOSS_TANGENTS * gradients + LOSS_TAIL_SCALAR_BYTES if loss_tail_bytes(tangents, gradients) else 0

@@ -20,7 +20,7 @@ import hashlib
 import math
 import pathlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -598,10 +598,13 @@ class DTRPartitioner(_PartitionerBase):
         tail: Tail | None = None,
         runs_once: bool = False,
         tangents_held: bool = False,
+        recall_tail: Callable[[str], Tail | None] | None = None,
     ) -> None:
         """`model_scale`: hold the modelled peak to this fraction of the budget (see plan_joint);
         `memory_model`: see plan_joint (None: the one the code generator implies); `tail`: what the code between
-        the forward and the backward holds, as a step measured it (storage.Tail; None: the assumed one);
+        the forward and the backward holds, as a step measured it (storage.Tail; None: the one `recall_tail` gives
+        for the graph's structure, a step of an earlier process measured it: plan_cache.remember_tail; else the
+        assumed one);
         `tangents_held`: the incoming gradients stay allocated through the whole backward (storage.HELD_META_KEY);
         `runs_once`: the plan runs for one step only (the first step's FX code): planned without the fill.
 
@@ -618,6 +621,8 @@ class DTRPartitioner(_PartitionerBase):
         self.model_scale = model_scale
         self.memory_model = memory_model
         self.tail = tail
+        self.recall_tail = recall_tail
+        self.recalled_tail: Tail | None = None  # what `recall_tail` gave for the last graph planned
         self.runs_once = runs_once
         self.tangents_held = tangents_held
         self.reports: list[PlanReport] = []
@@ -638,8 +643,13 @@ class DTRPartitioner(_PartitionerBase):
         times = self.times
         times.plans += 1
         tangents = tangent_placeholders(gm.graph)
-        if self.tail is not None:  # where every memory model reads it (storage.assumed_tail)
-            tail = resolved_tail(self.tail, tangents)
+        self.structure = plan_cache.graph_structure(gm, num_fwd_outputs) + _device_key(gm)
+        self.recalled_tail = None
+        if self.tail is None and self.recall_tail is not None:
+            self.recalled_tail = self.recall_tail(self.structure)
+        planned_tail = self._tail_planned()
+        if planned_tail is not None:  # where every memory model reads it (storage.assumed_tail)
+            tail = resolved_tail(planned_tail, tangents)
             for node in tangents:
                 node.meta[TAIL_META_KEY] = tail
                 node.meta[LEAST_TAIL_META_KEY] = self.tail == LEAST_TAIL
@@ -688,9 +698,7 @@ class DTRPartitioner(_PartitionerBase):
     def _plan(self, gm: fx.GraphModule, num_fwd_outputs: int, keep: frozenset[str] | None, codegen: str) -> PlanReport:
         """The plan of the region's first call from the plan cache when it holds one, else from the planner, with
         the model held to the calibrated fraction of the budget (see `model_scale_for`)."""
-        device = _device_key(gm)
-        self.device_type = device.split(":")[0]
-        self.structure = plan_cache.graph_structure(gm, num_fwd_outputs) + device
+        self.device_type = _device_key(gm).split(":")[0]
         model = plan_model(self.memory_model, codegen)
         self.calibration_key = plan_cache.calibration_key(self.structure, (self.cost_mode, codegen, model))
         key = self.cache_key = self.key_for(self.budget)
@@ -743,10 +751,14 @@ class DTRPartitioner(_PartitionerBase):
         codegen = self.codegen if self.codegen is not None else config.codegen
         return plan_cache.plan_key(
             self.structure,
-            (repr(budget), self.cost_mode, self.start_from_min_cut, codegen, _source_hash(), repr(self.tail))
+            (repr(budget), self.cost_mode, self.start_from_min_cut, codegen, _source_hash(), repr(self._tail_planned()))
             + (("runs once",) if self.runs_once else ())
             + (("tangents held",) if self.tangents_held else ()),
         )
+
+    def _tail_planned(self) -> Tail | None:
+        """The tail the last graph was planned with, where not the assumed one."""
+        return self.tail if self.tail is not None else self.recalled_tail
 
     def __deepcopy__(self, memo: dict) -> DTRPartitioner:
         # Inductor snapshots its config (which holds us) by deep copy; the reports must stay shared.
@@ -761,6 +773,7 @@ class DTRPartitioner(_PartitionerBase):
             "model_scale": self.model_scale,
             "memory_model": self.memory_model,
             "tail": self.tail,
+            "recalled_tail": self.recalled_tail,
             "runs_once": self.runs_once,
             "tangents_held": self.tangents_held,
             "reports": [],
@@ -777,7 +790,7 @@ class DTRPartitioner(_PartitionerBase):
             self.codegen,
             self.model_scale,
             self.memory_model,
-            repr(self.tail),
+            repr(self._tail_planned()),
             self.runs_once,
             self.tangents_held,
         )

@@ -17,7 +17,9 @@ as one JSON file under `$DTR_COMPILE_CACHE_DIR`, or else `<Inductor's cache dir>
 default /tmp/torchinductor_<user>): a fresh Inductor cache directory is a fresh plan cache too.
 
 The same store keeps, per graph structure (any budget), the last measured ratio of Inductor's memory to the
-model's (`calibration`): a later budget of the same graph aims its first plan with it (verify.py).
+model's (`calibration`): a later budget of the same graph aims its first plan with it (verify.py). And the loss tail a
+step measured after the graph's forward (`remember_tail`): a later process's first step plans with it, not with the
+assumed tail (backend/region.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from torch import fx
 from .. import config
 from ..tensor_bytes import size_hint
 from .planner import Emitted, Plan
+from .storage import Tail
 
 ENV_DIR = "DTR_COMPILE_CACHE_DIR"
 
@@ -157,6 +160,36 @@ def calibrate(key: str, ratio: float) -> bool:
         return False
     store(key, {"ratio": ratio})
     return True
+
+
+# ------------------------------------------------------------------------------------------------ loss tails
+
+
+def tail_key(structure: str, sizes: str) -> str:
+    """Where the loss tail measured after a graph's forward is kept: the graph, at the sizes its step ran."""
+    return plan_key(structure, ("tail", sizes))
+
+
+def remember_tail(key: str, tail: Tail) -> None:
+    """Keep the tail a step measured (storage.Tail), for the first step of the same graph in a later process."""
+    store(key, {"tail": [tail.peak_bytes, tail.at_backward_bytes, sorted(tail.dropped_outputs)]})
+
+
+def remembered_tail(key: str) -> Tail | None:
+    """The tail `remember_tail` kept under `key` (no hit or miss is counted), or None."""
+    entry = _MEMORY.get(key)
+    if entry is None and enabled_on_disk():
+        try:
+            entry = json.loads((cache_dir() / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        _MEMORY[key] = entry
+    data = entry.get("tail") if isinstance(entry, dict) else None
+    try:
+        peak, at_backward, dropped = data  # type: ignore[misc]
+        return Tail(int(peak), int(at_backward), frozenset(int(p) for p in dropped))
+    except (TypeError, ValueError):
+        return None
 
 
 # ------------------------------------------------------------------------------------------------ plans

@@ -394,7 +394,8 @@ class Runtime:
             return BudgetError(
                 f"memory budget {format_bytes(budget)} ({budget} bytes) is below what this step needs: {floor[1]}. "
                 f"Set memory_budget to at least {floor[0]} bytes{self._fraction_hint(floor[0])} (the region's plan "
-                f"runs there; run op by op under this budget, the step needed {format_bytes(needed)}).",
+                f"runs there; run op by op under this budget, the step needed {format_bytes(needed)})."
+                + self._carried_note(),
                 budget_bytes=budget,
                 smallest_feasible_bytes=floor[0],
                 is_lower_bound=False,
@@ -408,10 +409,24 @@ class Runtime:
                 "(its compiled regions are planned anew for that budget: the step may need a little more)."
                 if replanned
                 else "(this step runs at that budget)."
-            ),
+            )
+            + self._carried_note(),
             budget_bytes=budget,
             smallest_feasible_bytes=needed,
             is_lower_bound=False,
+        )
+
+    def _carried_note(self) -> str:
+        """What a BudgetError adds where the step counted gradients earlier steps accumulated (`_count_carried_gradients`):
+        a loop that never zeroes its gradients nor steps an optimizer (a benchmark's loop) accumulates by accident, and
+        its second step needed the gradients' bytes more than its first, with nothing in the message to say why."""
+        if self.carried_bytes <= 0:
+            return ""
+        return (
+            f" {format_bytes(self.carried_bytes)} of what it needs are gradients that earlier steps accumulated into and "
+            "no optimizer step has consumed yet (a training step counts from one optimizer step to the next). If they "
+            "are not meant to accumulate, set them to None between steps (`model.zero_grad(set_to_none=True)`) or step "
+            "the optimizer."
         )
 
     def _fraction_hint(self, needed: int) -> str:

@@ -22,6 +22,7 @@ measurement, whose profiler would refuse to nest inside the meter's).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -81,3 +82,57 @@ def test_the_first_step_holds_the_budget_with_the_loss_outside_the_model(loss: s
         return
     peak = result["peak"]
     assert peak <= budget, f"the first step measured {peak} for a budget of {budget} ({peak / budget:.3f}x)"
+
+
+NAMED_FLOOR = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from torch import nn
+    sys.path.insert(0, {here!r})
+    from compiled_models import tanh_chain
+    import dtr_compile
+    from dtr_compile.measure import measure_peak
+
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4096, 64, generator=gen), torch.randint(0, 512, (4096,), generator=gen)
+    model = tanh_chain(512, 512)
+    nn.functional.cross_entropy(model(x), y).backward()  # the meter's first profile in a process may miss frees
+    result = {{"peaks": []}}
+    with dtr_compile.config.patch(memory_budget={budget}, codegen="fx"):
+        compiled = torch.compile(model, backend="dtr")
+        try:
+            for _ in range(2):
+                model.zero_grad(set_to_none=True)
+                step = lambda: nn.functional.cross_entropy(compiled(x), y).backward()
+                result["peaks"].append(measure_peak(step)[1].peak_bytes)
+        except dtr_compile.BudgetError as error:
+            result["named"] = error.smallest_feasible_bytes
+    print(json.dumps(result))
+    """
+)
+
+
+@pytest.mark.compat
+def test_the_floor_a_budget_error_names_runs_from_the_first_step_of_the_next_process(tmp_path: Path) -> None:
+    """The floor named is the plan's for the loss tail a step measured. A later process's first step planned with the
+    assumed tail instead, which needed more than that floor: it planned with the least tail, the unseen loss had to
+    evict the one value the plan saved, and bringing it back raised a BudgetError naming 1.33x the floor. The
+    measured tail is now kept with the plans (plan_cache.remember_tail) and recalled by that first step."""
+    environment = {key: value for key, value in os.environ.items() if key != "TORCHINDUCTOR_FORCE_DISABLE_CACHES"}
+    environment["DTR_COMPILE_CACHE_DIR"] = str(tmp_path)
+
+    def run(budget: int) -> dict:
+        script = NAMED_FLOOR.format(here=str(Path(__file__).parent), budget=budget)
+        done = subprocess.run(
+            [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300, env=environment
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    far_below = run(1 << 20)
+    floor = far_below.get("named")
+    assert floor is not None and floor > 1 << 20, far_below
+    at_floor = run(floor)
+    assert "named" not in at_floor, f"the named floor {floor} raised at step {len(at_floor['peaks'])}: {at_floor}"
+    assert max(at_floor["peaks"]) <= floor, [peak / floor for peak in at_floor["peaks"]]

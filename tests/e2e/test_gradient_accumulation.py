@@ -73,3 +73,34 @@ def test_the_budget_holds_over_the_micro_batches_of_one_optimizer_step() -> None
         torch.testing.assert_close(got, want)
     assert max(peaks) <= budget, [p / budget for p in peaks]
     assert max(peaks) >= 0.85 * budget, [p / budget for p in peaks]  # the budget used, not left idle
+
+
+def test_a_budget_error_names_gradients_accumulated_by_accident() -> None:
+    """A loop that neither zeroes its gradients nor steps an optimizer accumulates them: its second step counts the
+    first's gradients, and at a budget the first step needed whole, the second cannot run. The error says so, and
+    what to change, instead of naming a floor the gradients' bytes above the first step's with no reason given."""
+    generator = torch.Generator().manual_seed(1)
+    x, y = torch.randn(BATCH, 64, generator=generator), torch.randint(0, VOCAB, (BATCH,), generator=generator)
+    model = tanh_chain(WIDTH, VOCAB)
+    torch._dynamo.reset()
+    with dtr_compile.config.patch(memory_budget=1 << 20, codegen="fx"):
+        compiled = torch.compile(model, backend="dtr")
+        with pytest.raises(dtr_compile.BudgetError) as far_below:
+            for _ in range(3):  # the first step may run unseen code; a later one names the floor
+                model.zero_grad(set_to_none=True)
+                nn.functional.cross_entropy(compiled(x), y).backward()
+    floor = far_below.value.smallest_feasible_bytes
+    assert floor is not None
+    assert "accumulated" not in str(far_below.value)  # every step began with no gradients
+
+    torch._dynamo.reset()
+    model.zero_grad(set_to_none=True)
+    with dtr_compile.config.patch(memory_budget=floor, codegen="fx"):
+        compiled = torch.compile(model, backend="dtr")
+        with pytest.raises(dtr_compile.BudgetError) as accumulated:
+            for _ in range(3):  # never zeroed, never stepped
+                nn.functional.cross_entropy(compiled(x), y).backward()
+    message = str(accumulated.value)
+    gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert "earlier steps accumulated" in message and "zero_grad(set_to_none=True)" in message, message
+    assert accumulated.value.smallest_feasible_bytes >= floor + 0.9 * gradient_bytes, message

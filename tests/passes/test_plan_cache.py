@@ -134,3 +134,20 @@ def test_a_ratio_that_says_the_model_did_not_describe_the_plan_is_not_kept(cache
     assert not plan_cache.calibrate(key, 7.2) and not plan_cache.calibrate(key, 0.3)
     plan_cache.clear_memory()  # a fresh process reads it from disk
     assert plan_cache.calibration(key) == pytest.approx(1.04)
+
+
+def test_a_measured_tail_is_read_back_by_a_fresh_process_at_the_same_sizes_only(cache_dir, monkeypatch) -> None:
+    """The loss tail a step measured is kept per graph and sizes (backend/region.py recalls it for a later process's
+    first plan); an entry that is not a tail reads as none."""
+    from dtr_compile.passes.storage import Tail
+
+    at_128, at_96 = plan_cache.tail_key("graph", "[('s0', 128)]"), plan_cache.tail_key("graph", "[('s0', 96)]")
+    plan_cache.remember_tail(at_128, Tail(1 << 20, 1 << 19, frozenset({0, 2})))
+    plan_cache.clear_memory()  # a fresh process reads it from disk
+    assert plan_cache.remembered_tail(at_128) == Tail(1 << 20, 1 << 19, frozenset({0, 2}))
+    assert plan_cache.remembered_tail(at_96) is None
+    plan_cache.calibrate(at_96, 1.0)  # some other entry under the key
+    assert plan_cache.remembered_tail(at_96) is None
+    monkeypatch.setenv("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+    plan_cache.clear_memory()  # caches off: nothing from disk
+    assert plan_cache.remembered_tail(at_128) is None
