@@ -36,7 +36,9 @@ from .runner import run_grid
 
 BASELINE = "compile"
 FRONTIER_METHODS = ("compile", "hf_ckpt_compile", "sac_compile", "amb_inductor", "dtr_inductor", "dtr_eager")
-MODELS = ("gpt2", "llama")
+MODELS = ("gpt2", "llama")  # the default
+# Llama fine-tuned with LoRA adapters on every block's linear layers (bench/models.with_lora), its weights frozen
+OPTIONAL_MODELS = ("llama_lora",)
 DTYPES = ("fp32", "bf16")
 # --size -> the models' size key: "small" is the CPU stand-in (8 x 256, seq 256, vocab 2048, batch 4), "full"
 # GPT-2 124M's shape (12 x 768, seq 1024, vocab 8192, batch 8), "tiny" is for tests.
@@ -82,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frontier", action="store_true", help="this mode (accepted for the command line's sake)")
     p.add_argument("--size", choices=tuple(SIZES), help="tiny (tests), small (CPU stand-in), full (GPU; GPT-2 "
                    "124M shape); default: full on CUDA, small on CPU")  # fmt: skip
-    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    p.add_argument("--models", nargs="+", choices=MODELS + OPTIONAL_MODELS, default=list(MODELS))
     p.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES),
                    help="fp32, and/or bf16 under torch.autocast (on CPU too)")  # fmt: skip
     p.add_argument("--methods", nargs="+", choices=FRONTIER_METHODS, default=list(FRONTIER_METHODS),

@@ -222,6 +222,44 @@ def _llama(size: str, batch: int, seq: int, width: int, layers: int, heads: int,
     return BenchCase("llama", size, model, _token_batch(batch, seq, vocab), token_loss, desc)
 
 
+class LoRALinear(nn.Module):
+    """A frozen linear layer plus a trainable low-rank update, `base(x) + scale * up(down(x))` (LoRA, Hu et al.
+    2021): what fine-tuning with adapters trains, most often with gradient checkpointing on. The base weights take no
+    gradient, so the backward has no weight-gradient matmuls of theirs, and recomputing a block costs more of the
+    step than in full training."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.down = nn.Linear(base.in_features, rank, bias=False)
+        self.up = nn.Linear(rank, base.out_features, bias=False)
+        # LoRA starts `up` at zero; random here, so that every adapter's gradient is nonzero and compared
+        nn.init.normal_(self.up.weight, std=0.02)
+        self.scale = alpha / rank
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.base(x) + self.up(self.down(x)) * self.scale
+
+
+def with_lora(case: BenchCase, rank: int = 8, alpha: float = 16.0) -> BenchCase:
+    """`case`'s model with every weight frozen and a LoRA adapter on each linear layer of its blocks (attention and
+    MLP, as adapter fine-tuning of Llama commonly targets)."""
+    model = case.model
+    model.requires_grad_(False)
+    for block in model.blocks:
+        for name, module in list(block.named_modules()):
+            if isinstance(module, nn.Linear):
+                parent = block.get_submodule(name.rpartition(".")[0]) if "." in name else block
+                setattr(parent, name.rpartition(".")[2], LoRALinear(module, rank, alpha))
+    return BenchCase(
+        f"{case.name}_lora", case.size, model, case.make_batch, case.loss_fn, f"{case.description}, LoRA rank {rank}"
+    )
+
+
+def _llama_lora(size: str, batch: int, seq: int, width: int, layers: int, heads: int, vocab: int) -> BenchCase:
+    return with_lora(_llama(size, batch, seq, width, layers, heads, vocab))
+
+
 # -------------------------------------------------------------------------------------- TreeLSTM
 
 
@@ -406,6 +444,12 @@ _BUILDERS: dict[str, tuple[Callable[..., BenchCase], dict[str, dict[str, int]]]]
         **_FRONTIER_SIZES,
     }),
     "llama": (_llama, {
+        "tiny": {"batch": 2, "seq": 8, "width": 16, "layers": 2, "heads": 2, "vocab": 64},
+        "quick": {"batch": 8, "seq": 64, "width": 128, "layers": 4, "heads": 4, "vocab": 1024},
+        "full": {"batch": 8, "seq": 256, "width": 256, "layers": 6, "heads": 4, "vocab": 8192},
+        **_FRONTIER_SIZES,
+    }),
+    "llama_lora": (_llama_lora, {
         "tiny": {"batch": 2, "seq": 8, "width": 16, "layers": 2, "heads": 2, "vocab": 64},
         "quick": {"batch": 8, "seq": 64, "width": 128, "layers": 4, "heads": 4, "vocab": 1024},
         "full": {"batch": 8, "seq": 256, "width": 256, "layers": 6, "heads": 4, "vocab": 8192},

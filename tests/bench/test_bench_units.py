@@ -38,6 +38,16 @@ def test_tiny_models_train_deterministically_and_expose_blocks(name):
         assert torch.equal(grads[0][key], grads[1][key]), key
 
 
+def test_the_lora_model_trains_its_adapters_alone():
+    model, make_batch, loss_fn = build_model("llama_lora", "tiny")
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    adapters = {name for name in trained if name.endswith((".down.weight", ".up.weight"))}
+    assert trained == adapters and len(adapters) == 2 * 7 * len(model.blocks)  # 7 linear layers a Llama block
+    inputs, target = make_batch("cpu")
+    loss_fn(model(*inputs), target).backward()
+    assert set(_grads(model)) == trained
+
+
 @pytest.mark.parametrize("name", ["resnet", "gpt2", "treelstm"])  # mlp: in the end-to-end test
 def test_checkpoint_method_gives_eager_gradients(name):
     reference = build_model(name, "tiny")
