@@ -1,6 +1,6 @@
 """The compile-time measurement (passes/verify.py `compile_within_budget`) with a stand-in planner and measurement:
-at most two compiles per region, the second aimed by the first's measured / modelled ratio (a third, the planner's
-lowest plan, on the way to a BudgetError); a budget none meets raises BudgetError naming the lowest measured peak
+at most two compiles per region, the second aimed by the first's measured / modelled ratio (where both measure over
+the budget, a third aimed by the worse ratio, then the planner's lowest plan, on the way to a BudgetError); a budget none meets raises BudgetError naming the lowest measured peak
 (hold or raise), and a budget the planner cannot reach compiles its lowest plan once."""
 
 from __future__ import annotations
@@ -125,10 +125,20 @@ def test_without_a_measurement_the_planner_error_stands(monkeypatch) -> None:
 def test_when_both_aimed_plans_exceed_the_lowest_plan_is_compiled_once_more(monkeypatch) -> None:
     # A budget an earlier BudgetError named (the lowest plan's measured peak), in a process without the plan cache:
     # both plans aimed at it measure above it, the lowest plan meets it (issue 17: "that named floor runs").
+    # A third plan, aimed by the worse of the two ratios, measures over it too: the lowest plan is the fourth compile.
     measured = {FLOOR: 1500}
     planner, compiled = _run(monkeypatch, 1500, lambda target: measured.get(target, 1600))
-    assert planner.targets[-1] == FLOOR and compiled.target == FLOOR and planner.times.compiles == 3
+    assert planner.targets[-1] == FLOOR and compiled.target == FLOOR and planner.times.compiles == 4
     assert planner.reports[-1].measured_peak_bytes == 1500
+
+
+def test_when_both_aimed_plans_exceed_a_plan_aimed_by_the_worse_ratio_is_tried_before_the_lowest(monkeypatch) -> None:
+    # The model's error grows as plans recompute more: 1.09x for the first plan, 1.16x below it. The second plan,
+    # aimed by 1.09, measures over the budget; the third, aimed by 1.16, lands within it, far above the lowest plan.
+    planner, compiled = _run(monkeypatch, 2000, lambda target: round(target * (1.09 if target == FIRST else 1.16)))
+    assert len(planner.targets) == 3 and planner.targets[0] > planner.targets[1] > planner.targets[2] > FLOOR
+    assert compiled.target == planner.targets[2] and planner.times.compiles == 3
+    assert 0.90 * 2000 <= planner.reports[-1].measured_peak_bytes <= 2000
 
 
 def test_when_the_second_plan_is_already_the_lowest_it_is_not_compiled_again(monkeypatch) -> None:
