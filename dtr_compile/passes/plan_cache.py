@@ -132,8 +132,8 @@ def store(key: str, entry: dict[str, Any]) -> None:
         pass
 
 
-def calibration(key: str) -> float | None:
-    """The last measured / modelled peak ratio stored under `key` (no hit or miss is counted)."""
+def _peek(key: str) -> dict[str, Any] | None:
+    """The entry under `key`, from memory or disk, counting no hit or miss (for data kept beside the plans)."""
     entry = _MEMORY.get(key)
     if entry is None and enabled_on_disk():
         try:
@@ -141,6 +141,12 @@ def calibration(key: str) -> float | None:
         except (OSError, ValueError):
             return None
         _MEMORY[key] = entry
+    return entry if isinstance(entry, dict) else None
+
+
+def calibration(key: str) -> float | None:
+    """The last measured / modelled peak ratio stored under `key` (no hit or miss is counted)."""
+    entry = _peek(key)
     ratio = entry.get("ratio") if entry else None
     return float(ratio) if isinstance(ratio, (int, float)) and ratio > 0 else None
 
@@ -177,14 +183,8 @@ def remember_tail(key: str, tail: Tail) -> None:
 
 def remembered_tail(key: str) -> Tail | None:
     """The tail `remember_tail` kept under `key` (no hit or miss is counted), or None."""
-    entry = _MEMORY.get(key)
-    if entry is None and enabled_on_disk():
-        try:
-            entry = json.loads((cache_dir() / f"{key}.json").read_text())
-        except (OSError, ValueError):
-            return None
-        _MEMORY[key] = entry
-    data = entry.get("tail") if isinstance(entry, dict) else None
+    entry = _peek(key)
+    data = entry.get("tail") if entry else None
     try:
         peak, at_backward, dropped = data  # type: ignore[misc]
         return Tail(int(peak), int(at_backward), frozenset(int(p) for p in dropped))
