@@ -374,8 +374,12 @@ class _Attempts:
         lowest plan ran straight away: LoRA-adapted Llama (CPU stand-in) at 0.3 of torch.compile's peak measured its
         all-checkpoint plan 4% over the budget (1.16x its model), and the lowest plan it then ran recomputed 384 of a
         541 ms step, twice as much, using 0.75 of the budget."""
-        worst = max(r.measured_peak_bytes / r.planned_peak.peak_bytes for _, r in tried if r.measured_peak_bytes)
-        scale = model_scale_for(worst, self.partitioner.device_type)
+        # (torch.compile's own partition, modelled unpinned, says nothing of a pinned plan's ratio: not aimed by)
+        ratios = [r.measured_peak_bytes / r.planned_peak.peak_bytes for _, r in tried
+                  if r.measured_peak_bytes and not r.unpinned_baseline]  # fmt: skip
+        if not ratios:
+            return None
+        scale = model_scale_for(max(ratios), self.partitioner.device_type)
         if scale * budget >= min(r.planned_peak.peak_bytes for _, r in tried):
             return None  # it would plan no lower than a plan that measured over the budget
         self.partitioner.model_scale = scale
