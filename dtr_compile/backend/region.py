@@ -66,7 +66,6 @@ from ..passes.storage import (
     TAIL_META_KEY,
     UNSEEN_LOSS_TANGENTS,
     Tail,
-    default_tail,
     loss_tail_bytes,
     tangent_bytes,
     tangent_placeholders,
@@ -273,10 +272,10 @@ class Region:
         measured = runtime.tails.learned.get(self.name)
         if measured is None:  # it shared its step with another region (tails.py): the assumed one stays
             return None
+        measured_tail = Tail(measured.peak_bytes, measured.at_backward_bytes, measured.dropped_outputs)
         if self._tail_structure is not None:  # for a later process's first step (`_recall_tail`)
-            tail_key = plan_cache.tail_key(self._tail_structure, _sizes_key(self._tail_sizes))
             plan_cache.remember_tail(
-                tail_key, Tail(measured.peak_bytes, measured.at_backward_bytes, measured.dropped_outputs)
+                plan_cache.tail_key(self._tail_structure, _sizes_key(self._tail_sizes)), measured_tail
             )
         report = self.reports[-1]
         assumed = report.tail  # the assumed or recalled one, or the least where the assumed one left no plan
@@ -300,7 +299,7 @@ class Region:
         # leaves (None) is the assumed one, which left the budget no plan (GPT-2 fit model, CPU stand-in, batch 15:
         # a measured tail within 4 bytes of the least one, and the assumed tail's floor plan recomputed 135 ms of it).
         if compiling or self.reports[-1].least_tail or (off > TAIL_TOLERANCE * step_budget and not on_target):
-            self._tail = Tail(measured.peak_bytes, measured.at_backward_bytes, measured.dropped_outputs)
+            self._tail = measured_tail
         return self._tail_at_planned_sizes()
 
     def _recall_tail(self, structure: str) -> Tail | None:
@@ -670,10 +669,12 @@ def _unseen_tail_bytes(report: PlanReport) -> int:
         # the guess instead evicted the one value the plan saved, which only a rerun of the whole forward brings back.
         return report.tail.peak_bytes
     gradients = tangent_bytes(tangents)
-    unseen_loss = (
-        UNSEEN_LOSS_TANGENTS * gradients + LOSS_TAIL_SCALAR_BYTES if loss_tail_bytes(tangents, gradients) else 0
+    # A loss outside the region: UNSEEN_LOSS_TANGENTS gradients' worth (above storage.default_tail's two). A region
+    # that computes its loss itself: the incoming gradients alone, as default_tail has it.
+    unseen = (
+        UNSEEN_LOSS_TANGENTS * gradients + LOSS_TAIL_SCALAR_BYTES if loss_tail_bytes(tangents, gradients) else gradients
     )
-    return max(report.tail.peak_bytes, default_tail(tangents, gradients).peak_bytes, unseen_loss)
+    return max(report.tail.peak_bytes, unseen)
 
 
 def part_maker(

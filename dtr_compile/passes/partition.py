@@ -643,7 +643,9 @@ class DTRPartitioner(_PartitionerBase):
         times = self.times
         times.plans += 1
         tangents = tangent_placeholders(gm.graph)
-        self.structure = plan_cache.graph_structure(gm, num_fwd_outputs) + _device_key(gm)
+        device = _device_key(gm)
+        self.device_type = device.split(":")[0]
+        self.structure = plan_cache.graph_structure(gm, num_fwd_outputs) + device
         self.recalled_tail = None
         if self.tail is None and self.recall_tail is not None:
             self.recalled_tail = self.recall_tail(self.structure)
@@ -698,7 +700,6 @@ class DTRPartitioner(_PartitionerBase):
     def _plan(self, gm: fx.GraphModule, num_fwd_outputs: int, keep: frozenset[str] | None, codegen: str) -> PlanReport:
         """The plan of the region's first call from the plan cache when it holds one, else from the planner, with
         the model held to the calibrated fraction of the budget (see `model_scale_for`)."""
-        self.device_type = _device_key(gm).split(":")[0]
         model = plan_model(self.memory_model, codegen)
         self.calibration_key = plan_cache.calibration_key(self.structure, (self.cost_mode, codegen, model))
         key = self.cache_key = self.key_for(self.budget)

@@ -103,15 +103,7 @@ def calibration_key(structure: str, settings: tuple[Any, ...]) -> str:
 
 
 def load(key: str) -> dict[str, Any] | None:
-    entry = _MEMORY.get(key)
-    if entry is None and enabled_on_disk():
-        path = cache_dir() / f"{key}.json"
-        try:
-            entry = json.loads(path.read_text())
-        except (OSError, ValueError):
-            entry = None
-        if entry is not None:
-            _MEMORY[key] = entry
+    entry = _peek(key)
     COUNTS["hits" if entry is not None else "misses"] += 1
     return entry
 
@@ -133,7 +125,7 @@ def store(key: str, entry: dict[str, Any]) -> None:
 
 
 def _peek(key: str) -> dict[str, Any] | None:
-    """The entry under `key`, from memory or disk, counting no hit or miss (for data kept beside the plans)."""
+    """The entry under `key`, from memory or disk; counts no hit or miss (`load` does, for plans)."""
     entry = _MEMORY.get(key)
     if entry is None and enabled_on_disk():
         try:

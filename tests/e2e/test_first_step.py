@@ -64,11 +64,18 @@ FIRST_STEP = textwrap.dedent(
 )
 
 
-def _first_step(loss: str, fraction: float) -> dict:
-    script = FIRST_STEP.format(here=str(Path(__file__).parent), loss=loss, fraction=fraction)
-    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300)
+def _run(script: str, environment: dict[str, str] | None = None, **fields: object) -> dict:
+    """`script` with `fields` filled in, in a fresh process; the JSON line it prints last."""
+    code = script.format(here=str(Path(__file__).parent), **fields)
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300, env=environment
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _first_step(loss: str, fraction: float) -> dict:
+    return _run(FIRST_STEP, loss=loss, fraction=fraction)
 
 
 @pytest.mark.compat
@@ -131,17 +138,9 @@ def test_the_floor_a_budget_error_names_runs_from_the_first_step_of_the_next_pro
     environment = {key: value for key, value in os.environ.items() if key != "TORCHINDUCTOR_FORCE_DISABLE_CACHES"}
     environment["DTR_COMPILE_CACHE_DIR"] = str(tmp_path)
 
-    def run(budget: int) -> dict:
-        script = NAMED_FLOOR.format(here=str(Path(__file__).parent), budget=budget)
-        done = subprocess.run(
-            [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300, env=environment
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.strip().splitlines()[-1])
-
-    far_below = run(1 << 20)
+    far_below = _run(NAMED_FLOOR, environment, budget=1 << 20)
     floor = far_below.get("named")
     assert floor is not None and floor > 1 << 20, far_below
-    at_floor = run(floor)
+    at_floor = _run(NAMED_FLOOR, environment, budget=floor)
     assert "named" not in at_floor, f"the named floor {floor} raised at step {len(at_floor['peaks'])}: {at_floor}"
     assert max(at_floor["peaks"]) <= floor, [peak / floor for peak in at_floor["peaks"]]
