@@ -159,6 +159,7 @@ class Region:
         self._floor_note: tuple[int, str] | None = None
         # The joint graph's structure, once a plan asked for a tail an earlier process measured (`_recall_tail`)
         self._tail_structure: str | None = None
+        self._remembered: tuple[str, Tail] | None = None  # (key, tail) this region kept for later processes
         key, budget = self._plan_budget()
         self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
 
@@ -274,9 +275,9 @@ class Region:
             return None
         measured_tail = Tail(measured.peak_bytes, measured.at_backward_bytes, measured.dropped_outputs)
         if self._tail_structure is not None:  # for a later process's first step (`_recall_tail`)
-            plan_cache.remember_tail(
-                plan_cache.tail_key(self._tail_structure, _sizes_key(self._tail_sizes)), measured_tail
-            )
+            self._remembered = (plan_cache.tail_key(self._tail_structure, _sizes_key(self._tail_sizes)), measured_tail)
+            held = self._tangents_held or self.name in runtime.tails.held_tangents
+            plan_cache.remember_tail(*self._remembered, tangents_held=held)
         report = self.reports[-1]
         assumed = report.tail  # the assumed or recalled one, or the least where the assumed one left no plan
         # At the backward's start, outputs the program let go count as freed (at most: a plan may save one)
@@ -302,16 +303,20 @@ class Region:
             self._tail = measured_tail
         return self._tail_at_planned_sizes()
 
-    def _recall_tail(self, structure: str) -> Tail | None:
+    def _recall_tail(self, structure: str) -> plan_cache.RememberedTail | None:
         """The tail a step of an earlier process measured after this graph's forward at these sizes, for a plan made
         before any step of this one measured it (the partitioner asks, with the joint graph's structure). The floor a
         BudgetError names is that of the measured tail: planned with the assumed one, the first step of a later
         process at that floor found no plan (the assumed tail needed more), planned with the least tail, evicted
         what the unseen loss needed room for, and raised a BudgetError naming 1.33x the floor (a 5-layer MLP with its
         cross-entropy outside the model, FX code). A different loss since is measured by that step and planned for
-        from the next, as an assumed tail would be."""
+        from the next, as an assumed tail would be. So is whether that step's backward held the incoming gradients
+        (torch 2.11): the plan holds them from the first step, as the one that named the floor did."""
         self._tail_structure = structure
-        return plan_cache.remembered_tail(plan_cache.tail_key(structure, _sizes_key(self._sizes.values)))
+        recalled = plan_cache.remembered_tail(plan_cache.tail_key(structure, _sizes_key(self._sizes.values)))
+        if recalled is not None and recalled.tangents_held:
+            self._tangents_held = True
+        return recalled
 
     def _tail_at_planned_sizes(self) -> Tail | None:
         """The measured tail, grown with the region's outputs from the sizes of the step that measured it to those
@@ -346,6 +351,8 @@ class Region:
         self._first_step_over = True
         newly_held = not self._tangents_held and self.name in runtime.tails.held_tangents
         self._tangents_held = self._tangents_held or newly_held
+        if newly_held and self._remembered is not None:  # learned after the tail was kept: keep it with it
+            plan_cache.remember_tail(*self._remembered, tangents_held=True)
         tail = self._measured_tail(runtime, step_budget, compiling=self._provisional)
         if tail is None and not self._provisional and not newly_held:
             return None

@@ -598,13 +598,13 @@ class DTRPartitioner(_PartitionerBase):
         tail: Tail | None = None,
         runs_once: bool = False,
         tangents_held: bool = False,
-        recall_tail: Callable[[str], Tail | None] | None = None,
+        recall_tail: Callable[[str], plan_cache.RememberedTail | None] | None = None,
     ) -> None:
         """`model_scale`: hold the modelled peak to this fraction of the budget (see plan_joint);
         `memory_model`: see plan_joint (None: the one the code generator implies); `tail`: what the code between
         the forward and the backward holds, as a step measured it (storage.Tail; None: the one `recall_tail` gives
-        for the graph's structure, a step of an earlier process measured it: plan_cache.remember_tail; else the
-        assumed one);
+        for the graph's structure, a step of an earlier process measured it: plan_cache.remember_tail, with whether
+        that step's backward held the incoming gradients; else the assumed one);
         `tangents_held`: the incoming gradients stay allocated through the whole backward (storage.HELD_META_KEY);
         `runs_once`: the plan runs for one step only (the first step's FX code): planned without the fill.
 
@@ -648,7 +648,10 @@ class DTRPartitioner(_PartitionerBase):
         self.structure = plan_cache.graph_structure(gm, num_fwd_outputs) + device
         self.recalled_tail = None
         if self.tail is None and self.recall_tail is not None:
-            self.recalled_tail = self.recall_tail(self.structure)
+            recalled = self.recall_tail(self.structure)
+            if recalled is not None:
+                self.recalled_tail = recalled.tail
+                self.tangents_held = self.tangents_held or recalled.tangents_held
         planned_tail = self._tail_planned()
         if planned_tail is not None:  # where every memory model reads it (storage.assumed_tail)
             tail = resolved_tail(planned_tail, tangents)

@@ -29,7 +29,7 @@ import json
 import os
 import pathlib
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import fx
@@ -168,20 +168,38 @@ def tail_key(structure: str, sizes: str) -> str:
     return plan_key(structure, ("tail", sizes))
 
 
-def remember_tail(key: str, tail: Tail) -> None:
-    """Keep the tail a step measured (storage.Tail), for the first step of the same graph in a later process."""
-    store(key, {"tail": [tail.peak_bytes, tail.at_backward_bytes, sorted(tail.dropped_outputs)]})
+class RememberedTail(NamedTuple):
+    """What a step learned after a graph's forward that its plans are made for: the loss tail it measured, and
+    whether the incoming gradients outlived the compiled backward (storage.HELD_META_KEY: the autograd engine of
+    torch 2.11 holds them). Without the second, a floor named under torch 2.11 raised at a new process's first step,
+    planned with the gradients freed after their last read (a 5-layer MLP's 44 MiB floor named 50 MiB)."""
+
+    tail: Tail
+    tangents_held: bool = False
 
 
-def remembered_tail(key: str) -> Tail | None:
-    """The tail `remember_tail` kept under `key` (no hit or miss is counted), or None."""
+def remember_tail(key: str, tail: Tail, tangents_held: bool = False) -> None:
+    """Keep the tail a step measured (storage.Tail), and whether its backward held the incoming gradients, for the
+    first step of the same graph in a later process."""
+    store(
+        key,
+        {
+            "tail": [tail.peak_bytes, tail.at_backward_bytes, sorted(tail.dropped_outputs)],
+            "tangents_held": tangents_held,
+        },
+    )
+
+
+def remembered_tail(key: str) -> RememberedTail | None:
+    """What `remember_tail` kept under `key` (no hit or miss is counted), or None."""
     entry = _peek(key)
     data = entry.get("tail") if entry else None
     try:
         peak, at_backward, dropped = data  # type: ignore[misc]
-        return Tail(int(peak), int(at_backward), frozenset(int(p) for p in dropped))
+        tail = Tail(int(peak), int(at_backward), frozenset(int(p) for p in dropped))
     except (TypeError, ValueError):
         return None
+    return RememberedTail(tail, entry.get("tangents_held") is True)  # type: ignore[union-attr]
 
 
 # ------------------------------------------------------------------------------------------------ plans

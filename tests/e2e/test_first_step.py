@@ -30,8 +30,6 @@ from pathlib import Path
 
 import pytest
 
-from dtr_compile import compat
-
 FIRST_STEP = textwrap.dedent(
     """
     import json, sys
@@ -123,18 +121,13 @@ NAMED_FLOOR = textwrap.dedent(
 
 
 @pytest.mark.compat
-@pytest.mark.xfail(
-    not compat.FREES_BACKWARD_GRADS,
-    reason="torch 2.11 holds the incoming gradients through a compiled backward; a step learns it and the region plans "
-    "again for it, but that finding is not kept with the measured tail, so a new process's first step plans without it "
-    "(named 44.0 MiB, raised at step 0 naming 50.0). Known, not fixed yet",
-    strict=True,
-)
 def test_the_floor_a_budget_error_names_runs_from_the_first_step_of_the_next_process(tmp_path: Path) -> None:
     """The floor named is the plan's for the loss tail a step measured. A later process's first step planned with the
     assumed tail instead, which needed more than that floor: it planned with the least tail, the unseen loss had to
     evict the one value the plan saved, and bringing it back raised a BudgetError naming 1.33x the floor. The
-    measured tail is now kept with the plans (plan_cache.remember_tail) and recalled by that first step."""
+    measured tail is now kept with the plans (plan_cache.remember_tail) and recalled by that first step. Under torch
+    2.11 (whose autograd engine holds the incoming gradients through a compiled backward) so is that finding: planned
+    with them freed, the first step raised naming 50 MiB for a 44 MiB floor."""
     environment = {key: value for key, value in os.environ.items() if key != "TORCHINDUCTOR_FORCE_DISABLE_CACHES"}
     environment["DTR_COMPILE_CACHE_DIR"] = str(tmp_path)
 
