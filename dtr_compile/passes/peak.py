@@ -42,17 +42,24 @@ class PeakModel:
     timeline: tuple[MemoryPoint, ...]
     saved_bytes: int  # bytes the forward leaves alive for the backward (saved values and outputs)
     backward_start_bytes: int  # bytes live when the backward begins: those, the tail's (its tangents), less drops
+    # (node name, bytes) of each storage counted at the peak, largest first; kept only when asked (`record_live`)
+    live_at_peak: tuple[tuple[str, int], ...] = ()
 
 
-def schedule_peak(gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool | str = False) -> PeakModel:
+def schedule_peak(
+    gm: fx.GraphModule, *, num_fwd_outputs: int, inductor: bool | str = False, record_live: bool = False
+) -> PeakModel:
     """Peak of a joint graph whose nodes carry `partitioner_tag` is_forward / is_backward.
 
     `inductor`: model the graphs as Inductor compiles them, with the pointwise ops it inlines into
-    their reader's kernel allocating nothing (inlining.py)."""
-    return graph_peak(gm.graph, num_fwd_outputs=num_fwd_outputs, inductor=inductor)
+    their reader's kernel allocating nothing (inlining.py). `record_live`: keep what is live at the peak
+    (`PeakModel.live_at_peak`: what tools/inductor_live.py lines up against the compiled code's buffers)."""
+    return graph_peak(gm.graph, num_fwd_outputs=num_fwd_outputs, inductor=inductor, record_live=record_live)
 
 
-def graph_peak(graph: fx.Graph, *, num_fwd_outputs: int, inductor: bool | str = False) -> PeakModel:
+def graph_peak(
+    graph: fx.Graph, *, num_fwd_outputs: int, inductor: bool | str = False, record_live: bool = False
+) -> PeakModel:
     """`schedule_peak` of a joint graph not wrapped in a GraphModule (rewrite.emit_graph)."""
     nodes = list(graph.nodes)
     tangents = set(tangent_placeholders(graph))
@@ -99,6 +106,7 @@ def graph_peak(graph: fx.Graph, *, num_fwd_outputs: int, inductor: bool | str = 
     live: set[StorageKey] = set()
     memory = 0
     peak, peak_node = 0, None
+    live_at_peak: list[tuple[str, int]] = []
 
     def own_keys(node: fx.Node) -> list[StorageKey]:
         return [key for key in storages.keys[node] if key[0] is node]
@@ -126,6 +134,8 @@ def graph_peak(graph: fx.Graph, *, num_fwd_outputs: int, inductor: bool | str = 
             timeline.append(MemoryPoint(node, phase, running))
             if running > peak:
                 peak, peak_node = running, node
+                if record_live:
+                    live_at_peak[:] = [(key[0].name, counted(key)) for key in live if counted(key)]
             for member in _members(sequence, i, freeing, inside) if grouped else (node,):
                 for arg in (*member.all_input_nodes, member):
                     for key in storages.keys[arg]:
@@ -152,6 +162,9 @@ def graph_peak(graph: fx.Graph, *, num_fwd_outputs: int, inductor: bool | str = 
     tail = assumed_tail(tangents, tangent_bytes)
     if forward_end + tail.peak_bytes > peak:
         peak, peak_node = forward_end + tail.peak_bytes, forward_ops[-1] if forward_ops else peak_node
+        if record_live:
+            held = [(key[0].name, counted(key)) for key in live if counted(key) and key[0] not in tangents]
+            live_at_peak[:] = [*held, ("(the tail, its tangents included)", tail.peak_bytes)]
     memory += tail.at_backward_bytes - tangent_bytes
     # Outputs the program let go before the backward, where this plan does not save them for it.
     for key in let_go_keys(tail, output.args[0], num_fwd_outputs, storages.keys):
@@ -160,7 +173,8 @@ def graph_peak(graph: fx.Graph, *, num_fwd_outputs: int, inductor: bool | str = 
             memory -= counted(key)
     backward_start = memory
     run(backward_ops, last_bwd, "backward", set())
-    return PeakModel(peak, peak_node, tuple(timeline), saved_bytes, backward_start)
+    live_at_peak.sort(key=lambda entry: -entry[1])
+    return PeakModel(peak, peak_node, tuple(timeline), saved_bytes, backward_start, tuple(live_at_peak))
 
 
 def _backward_spans(

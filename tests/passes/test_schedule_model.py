@@ -50,6 +50,26 @@ def test_simulation_equals_model_of_emitted_graph(inductor: bool | str) -> None:
         assert not above.complete and above.peak == simulated.peak and len(above.timeline) <= len(simulated.timeline)
 
 
+@pytest.mark.parametrize("inductor", [False, FUSED_RECOMPUTE])
+def test_what_is_live_at_the_peak_adds_up_to_it(inductor: bool | str) -> None:
+    """`record_live` lists the storages counted at the peak (tools/inductor_live.py sets them beside the compiled
+    code's buffers): their bytes, with the peak op's workspace, are the peak, the op's own output among them; the
+    peak itself is the same as without the record."""
+    joint, n_out = decomposed_joint(*_model())
+    annotate_costs(joint, codegen="inductor" if inductor else "fx")
+    facts = JointFacts(joint, n_out)
+    planned = emit_plan(joint, trace_as_plan(build_trace(facts, set(facts.candidates))), num_fwd_outputs=n_out)
+    recorded = schedule_peak(planned, num_fwd_outputs=n_out, inductor=inductor, record_live=True)
+    assert recorded.peak_bytes == schedule_peak(planned, num_fwd_outputs=n_out, inductor=inductor).peak_bytes
+    assert recorded.peak_node is not None and recorded.live_at_peak
+    workspace = recorded.peak_node.meta["dtr"].workspace_bytes
+    assert sum(nbytes for _, nbytes in recorded.live_at_peak) + workspace == recorded.peak_bytes
+    assert recorded.peak_node.name in {name for name, _ in recorded.live_at_peak}
+    assert [nbytes for _, nbytes in recorded.live_at_peak] == sorted(
+        (b for _, b in recorded.live_at_peak), reverse=True
+    )
+
+
 def test_fused_recompute_model_inlines_only_recomputes() -> None:
     """FUSED_RECOMPUTE is the exact model except inside recompute bursts (the recomputed pointwise ops live in
     Inductor's kernels, not in buffers): equal to it with nothing dropped and in the forward, apart from it in the
