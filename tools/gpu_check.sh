@@ -10,6 +10,9 @@
 #                                            # (tools/pair_profile.py: kernels against the runtime's Python)
 #   TESTS_S=0 METHODS="compile hf_ckpt_compile dtr_inductor" FRONTIER_S=240 bash tools/gpu_check.sh
 #                                            # checkpointing alone and backend="dtr" at its peak and twice it
+#   TESTS_S=0 MODELS="llama_lora" METHODS="compile hf_ckpt_compile dtr_inductor" FRONTIER_S=300 bash tools/gpu_check.sh
+#                                            # the same pair on Llama with LoRA adapters (MODELS: gpt2 by default;
+#                                            # PAIR_MODEL likewise for the profiled pairs)
 #
 # The frontier runs torch.compile, per-block checkpointing, the knob at 0.5 and selective checkpointing (METHODS;
 # the knob before selective checkpointing: its pair is one of issue 17's targets),
@@ -44,14 +47,16 @@ fi
 echo "tests done at $(( $(date +%s) - start )) s"
 if [ "${FRONTIER_S:-490}" -gt 0 ]; then
   DTR_COMPILE_CACHE_DIR=$(mktemp -d) timeout "${FRONTIER_S:-490}" python3 -m dtr_compile.bench --frontier \
-    --size full --models gpt2 --dtypes ${DTYPES:-fp32} --methods ${METHODS:-compile hf_ckpt_compile amb_inductor sac_compile dtr_inductor} \
+    --size full --models ${MODELS:-gpt2} --dtypes ${DTYPES:-fp32} --methods ${METHODS:-compile hf_ckpt_compile amb_inductor sac_compile dtr_inductor} \
     --knob 0.5 --dtr-budgets ${BUDGETS-} --steps 10 --jobs 1 --timeout 200 --out "$OUT/frontier" \
     2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tee "$OUT/frontier.log" | grep -v "^|"
 fi
-if [ "${PAIR_PROFILE_S:-0}" -gt 0 ]; then  # where each equal-memory pair spends its time, kernel by kernel
+# Where each equal-memory pair spends its time, kernel by kernel, at the frontier's full size: pair_profile.py takes
+# the models' own size keys, where the frontier's "full" is "124m" ("full" there is a 6 x 256 model).
+if [ "${PAIR_PROFILE_S:-0}" -gt 0 ]; then
   for peer in ${PAIR_PEERS:-checkpoint sac}; do  # PAIR_PROFILE_S each
     DTR_COMPILE_CACHE_DIR=$(mktemp -d) timeout "$PAIR_PROFILE_S" python3 tools/pair_profile.py --peer "$peer" \
-      --size full > "$OUT/pair_profile_$peer.log" 2>&1
+      --model "${PAIR_MODEL:-gpt2}" --size 124m > "$OUT/pair_profile_$peer.log" 2>&1
     grep -E "'s peak|^median|^region" "$OUT/pair_profile_$peer.log"
   done
 fi
