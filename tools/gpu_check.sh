@@ -13,6 +13,9 @@
 #   TESTS_S=0 MODELS="llama_lora" METHODS="compile hf_ckpt_compile dtr_inductor" FRONTIER_S=300 bash tools/gpu_check.sh
 #                                            # the same pair on Llama with LoRA adapters (MODELS: gpt2 by default;
 #                                            # PAIR_MODEL likewise for the profiled pairs)
+#   TESTS_S=0 FRONTIER_S=0 LIVE_S=200 bash tools/gpu_check.sh
+#                                            # a tight plan's buffers under Triton against its model (LIVE_ARGS:
+#                                            # tools/inductor_live.py's flags; Llama with LoRA at 0.3 by default)
 #
 # The frontier runs torch.compile, per-block checkpointing, the knob at 0.5 and selective checkpointing (METHODS;
 # the knob before selective checkpointing: its pair is one of issue 17's targets),
@@ -59,6 +62,11 @@ if [ "${PAIR_PROFILE_S:-0}" -gt 0 ]; then
       --model "${PAIR_MODEL:-gpt2}" --size 124m > "$OUT/pair_profile_$peer.log" 2>&1
     grep -E "'s peak|^median|^region" "$OUT/pair_profile_$peer.log"
   done
+fi
+if [ "${LIVE_S:-0}" -gt 0 ]; then  # Inductor's buffers at a tight plan's peak against the model's (tools/inductor_live.py)
+  TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 DTR_COMPILE_CACHE_DIR=$(mktemp -d) timeout "$LIVE_S" python3 tools/inductor_live.py \
+    ${LIVE_ARGS:---model llama_lora --size 124m --fraction 0.3} > "$OUT/inductor_live.log" 2>&1
+  grep -E "budget|model|frame held" "$OUT/inductor_live.log"
 fi
 [ -f "$OUT/frontier/frontier.csv" ] && python3 -m dtr_compile.bench --frontier --report-only --out "$OUT/frontier" \
   > /dev/null 2>&1  # the tables and plot of the rows saved, also when the frontier was cut by its time limit

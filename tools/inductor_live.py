@@ -15,7 +15,8 @@ forward's outputs while the loss runs, eager tensors) is not in the sum.
 
     python tools/inductor_live.py [--model llama_lora] [--size quick] [--fraction 0.4] [--top 24]
 
-CPU, on-disk caches off (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 and a fresh DTR_COMPILE_CACHE_DIR) to see a first plan.
+CUDA when present (`--device`; a CUDA tensor's storage is counted as a CPU one's), else CPU. Turn the on-disk caches
+off (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 and a fresh DTR_COMPILE_CACHE_DIR) to see a first plan.
 """
 
 from __future__ import annotations
@@ -93,11 +94,13 @@ def main() -> None:
     parser.add_argument("--size", default="quick")
     parser.add_argument("--fraction", type=float, default=0.4, help="the budget, a fraction of torch.compile's peak")
     parser.add_argument("--top", type=int, default=24, help="buffers listed per peak")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     model, make_batch, loss_fn = build_model(args.model, args.size)
-    inputs, target = make_batch("cpu")
+    model.to(args.device)
+    inputs, target = make_batch(args.device)
 
     def step_of(compiled: Any) -> Any:
         def step() -> None:
@@ -108,18 +111,18 @@ def main() -> None:
 
     reference = step_of(torch.compile(model))
     reference()
-    reference_peak = measure_peak(reference)[1].peak_bytes
+    reference_peak = measure_peak(reference, args.device)[1].peak_bytes
     torch._dynamo.reset()
     budget = int(args.fraction * reference_peak)
     with dtr_compile.config.patch(memory_budget=budget, codegen="inductor"):
         step = step_of(torch.compile(model, backend="dtr"))
         for _ in range(2):  # the first step runs FX code; Inductor's plan is compiled when it ends
             step()
-        step_peak = measure_peak(step)[1].peak_bytes
+        step_peak = measure_peak(step, args.device)[1].peak_bytes
         before_step = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers(), *inputs, target)}
         wrappers = traced_step(step, before_step)
 
-    print(f"{args.model} {args.size}: budget {format_bytes(budget)} ({args.fraction} of torch.compile's "
+    print(f"{args.model} {args.size} on {args.device}: budget {format_bytes(budget)} ({args.fraction} of torch.compile's "
           f"{format_bytes(reference_peak)}); the step measured {format_bytes(step_peak)}")  # fmt: skip
     for name, report in running_plans.running().items():
         model_peak = graph_peak(
