@@ -23,6 +23,7 @@ def _forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor)
 
 
 def test_every_slice_kernel_equals_its_slice_on_fresh_values() -> None:
+    torch.manual_seed(0)  # the same values each run: a failure reproduces
     examples = (torch.randn(6, 32), torch.randn(32), torch.randn(32), torch.randn(32, 8))
     slices = with_kernels(output_slices(trace(_forward, *examples)))
     fused = [s for s in slices if s is not None and s.kernel is not None]
@@ -32,7 +33,11 @@ def test_every_slice_kernel_equals_its_slice_on_fresh_values() -> None:
         placeholders = [n for n in output_slice.module.graph.nodes if n.op == "placeholder"]
         values = [torch.randn(tuple(n.meta["val"].shape)) for n in placeholders]
         got = output_slice.kernel(*(values[i] for i in output_slice.kernel_inputs))[0]
-        torch.testing.assert_close(got, output_slice.module(*values), rtol=1e-5, atol=1e-5)
+        want = output_slice.module(*values)
+        # A float32 reduction summed in another order differs by ~1e-6 of what it sums, and a layer norm's
+        # `w * x_hat + b` can cancel to near zero: the tolerance scales with the tensor's magnitude.
+        scale = max(1.0, want.abs().max().item())
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)
 
 
 def test_runtime_rematerializes_region_outputs_with_kernels_and_matches_eager() -> None:
