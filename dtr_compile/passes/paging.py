@@ -1,36 +1,40 @@
-"""The paging planner: the joint schedule replayed as offline DTR, for budgets the search cannot reach.
+"""The paging planner: the joint schedule replayed as offline DTR on the runtime's engine, for budgets the search
+cannot reach.
 
 The search of planner.py recomputes each dropped value at most once per split it chose, and its greedy
 path can stop above budgets that a deeper schedule meets (an unrolled LSTM: 0.44 of the no-remat peak,
 where recomputing chains again and again reaches 0.3). This planner is the fallback when the search
 does not reach the budget.
 
-Write the joint graph as one schedule: every forward node, then every backward node, in graph order.
-Replaying that schedule with the whole future known is an offline paging problem: memory holds
-storages; a storage is freed right after its last use; before an op allocates, if the resident bytes
-would pass the budget, some resident storages are *evicted*; an evicted value that is used again is
-*recomputed* from its inputs just before that use (recursively, if an input is gone too) and freed
-again after its last use. The replay emits the ops it actually runs: that trace is the plan. A forward
-value evicted before the forward ends is not saved; its backward uses read a recomputed copy placed
-right before them. This is DTR run offline, with Belady's knowledge of the next use in place of DTR's
-staleness:
+Write the joint graph as one schedule: every forward node, then every backward node, in graph order, and run it
+on `engine.Engine`, the same engine that holds the eager runtime's budget and replays the DTR authors' logs: each
+op with fresh outputs is one engine operation over its inputs' storages, a storage's handle is dropped after its
+last use, and before an op allocates, the engine evicts until it fits; an evicted value that is used again is
+recomputed from its inputs just before that use (recursively), which the engine asks of this replay's executor. The
+replay emits the ops the engine actually runs: that trace is the plan. A forward value evicted before the forward
+ends is not saved; its backward uses read a recomputed copy placed right before them. Unlike the runtime, the
+replay knows the whole future: each storage carries the schedule positions that read it (`NextUses`), and the
+engine evicts by `h_future`, DTR's heuristic with the distance to the next read in place of staleness:
 
-    score(storage) = recompute cost (own + evicted inputs it would need) / (bytes * steps until next use)
+    score(storage) = (recompute cost + that of its evicted neighbourhood) / (bytes * steps until next read)
 
 and the lowest score is evicted first: cheap, large values that are not needed for a long time.
 Only values the cost pass marks recomputable are evicted; random ops are recomputed with their RNG
-state replayed (see rewrite.py). The replay's accounting is an upper bound of the real schedule's
-memory (a value may be evicted later than its real last use), so the caller computes the exact peak
-again on the emitted graph (`peak.schedule_peak`) and judges the plan by that.
+state replayed (see rewrite.py). The engine's accounting is not the compiled code's (it keeps dead values a
+recompute may need, and counts no inlining), so the caller computes the exact peak again on the emitted graph
+(`peak.schedule_peak`) and judges the plan by that.
 """
 
 from __future__ import annotations
 
-import bisect
 import time
 
 from torch import fx
 
+from ..engine import Engine
+from ..engine.heuristics import NextUses, ScheduleClock
+from ..engine.records import Operation, Storage
+from ..errors import BudgetError
 from .meta import cost_of
 from .planner import Plan
 from .schedule import Emitted, Version
@@ -38,8 +42,6 @@ from .storage import StorageKey, StorageMap
 
 # A plan that runs more than this many times the ops of the original schedule is given up (thrashing).
 _MAX_TRACE_FACTOR = 4
-# Values smaller than 1/_TINY of the room an op needs are not evicted to make it (see _Replay._make_room).
-_TINY = 64
 
 
 class _Infeasible(Exception):
@@ -47,12 +49,12 @@ class _Infeasible(Exception):
 
 
 class _Replay:
-    """State of one replay of the schedule under a budget."""
+    """One replay of the schedule on the engine under a budget; the engine's executor (it emits each recompute the
+    engine asks for, and forgets the values that lived in a storage it evicts)."""
 
     def __init__(
         self, gm: fx.GraphModule, budget: int | None, num_fwd_outputs: int, keep: frozenset[str] | None
     ) -> None:
-        self.budget = budget
         self.keep = keep
         graph = gm.graph
         self.nodes = list(graph.nodes)
@@ -61,13 +63,15 @@ class _Replay:
         self.storages = StorageMap(graph, counted_inputs=tangents)
         self.schedule = [n for n in self.nodes if self.cost[n].phase in ("forward", "backward")]
         self.position = {n: i for i, n in enumerate(self.schedule)}
-        # Uses of each storage, as schedule positions: an op uses the storages of all its inputs.
-        self.uses: dict[StorageKey, list[int]] = {}
+        # Reads of each storage, as schedule positions: an op reads the storages of all its inputs.
+        self.clock = ScheduleClock()
+        reads: dict[StorageKey, list[float]] = {}
         for pos, node in enumerate(self.schedule):
-            for arg in node.all_input_nodes:
-                for key in self.storages.keys[arg]:
-                    self.uses.setdefault(key, []).append(pos)
-        # Who lives in each storage (to invalidate views when it goes), and who produced it.
+            for key in dict.fromkeys(k for arg in node.all_input_nodes for k in self.storages.keys[arg]):
+                reads.setdefault(key, []).append(float(pos))
+        self.last_read = {key: times[-1] for key, times in reads.items()}
+        self.reads = reads
+        # Who lives in each storage (to forget views when it goes).
         self.aliases: dict[StorageKey, list[fx.Node]] = {}
         for node in self.nodes:
             for key in self.storages.keys[node]:
@@ -78,14 +82,14 @@ class _Replay:
         self.bwd_outputs = [o for o in outs[num_fwd_outputs:] if isinstance(o, fx.Node)]
         # Outputs stay until the end of the step: the user holds the forward's, autograd the gradients.
         self.pinned = {k for o in self.fwd_outputs + self.bwd_outputs for k in self.storages.keys[o]}
+        # The replay's own thrash guard (trace length, below); the engine's compares costs, and the estimates of
+        # tiny ops are noise next to that.
+        self.engine = Engine(budget, heuristic="future", candidate_sampling="all", thrash_limit=None, executor=self)
+        self.held: dict[StorageKey, Storage] = {}  # every storage of the replay, by key (the engine holds ops weakly)
+        self.key_of: dict[int, StorageKey] = {}  # engine storage id -> key
+        self.dropped: set[StorageKey] = set()  # handles given back (the storage is read no more)
         self.version: dict[fx.Node, Version | None] = {}
         self.next_version: dict[fx.Node, Version] = {}
-        self.resident: set[StorageKey] = set()
-        self.locks: dict[StorageKey, int] = {}
-        self.memory = 0
-        self.peak = 0
-        self.fits = True
-        self.now = 0
         self.trace: list[Emitted] = []
         self.evictions: list[tuple[fx.Node, int]] = []
         self.recompute_s = 0.0
@@ -93,108 +97,59 @@ class _Replay:
             if node.op == "placeholder":
                 self.version[node] = 0
                 for key in self.storages.keys[node]:
-                    if self.cost[node].phase == "primal":
-                        self.resident.add(key)
+                    if key not in self.held:  # inputs were live before the step: outside the budget
+                        self._adopt(key, self.engine.constant(self.storages.info[key].nbytes))
 
     # ------------------------------------------------------------------------------------ helpers
 
-    def _counted(self, key: StorageKey) -> int:
-        info = self.storages.info[key]
-        return info.nbytes if info.counted else 0
+    def _adopt(self, key: StorageKey, storage: Storage) -> None:
+        self.held[key] = storage
+        self.key_of[storage.sid] = key
+        times = self.reads.get(key)
+        if times is not None:
+            storage.meta = NextUses(times, self.clock)
 
-    def _next_use(self, key: StorageKey) -> int | None:
-        uses = self.uses.get(key, ())
-        i = bisect.bisect_right(uses, self.now)
-        return uses[i] if i < len(uses) else None
+    def _inputs(self, node: fx.Node) -> list[Storage]:
+        return [self.held[k] for k in dict.fromkeys(k for a in node.all_input_nodes for k in self.storages.keys[a])]
 
-    def _lock(self, node: fx.Node, delta: int) -> None:
-        for key in self.storages.keys[node]:
-            self.locks[key] = self.locks.get(key, 0) + delta
+    def _own(self, node: fx.Node) -> list[StorageKey]:
+        return [k for k in self.storages.keys[node] if k[0] is node]
 
-    def _drop(self, key: StorageKey) -> None:
-        """Free a storage and invalidate every value that lives in it."""
-        if key not in self.resident:
-            return
-        self.resident.discard(key)
-        self.memory -= self._counted(key)
-        for node in self.aliases.get(key, ()):
-            self.version[node] = None
+    # ------------------------------------------------------------------------------------ the executor
 
-    # ---------------------------------------------------------------------------------- eviction
-
-    def _victim_score(self, producer: fx.Node, nbytes: int, next_use: int) -> float:
-        cost = self.cost[producer].time_s
-        for arg in producer.all_input_nodes:  # evicted inputs would have to be recomputed too
-            if self.version.get(arg) is None and self.cost[arg].recomputable:
-                cost += self.cost[arg].time_s
-        return (cost + 1e-9) / (max(nbytes, 1) * max(next_use - self.now, 1))
-
-    def _make_room(self, need: int) -> None:
-        if self.budget is None or self.memory + need <= self.budget:
-            return
-        groups: dict[fx.Node, list[StorageKey]] = {}
-        for key in self.resident:
-            producer = key[0]
-            if self.locks.get(key, 0) or key in self.pinned or not self.storages.info[key].counted:
-                continue
-            if not self.cost[producer].recomputable:
-                continue
-            groups.setdefault(producer, []).append(key)
-        scored = []
-        for producer, keys in groups.items():
-            all_keys = [k for k in self.storages.keys[producer] if k[0] is producer]
-            if any(k in self.pinned or self.locks.get(k, 0) for k in all_keys):
-                continue  # a multi-output op is evicted and recomputed as a whole
-            nbytes = sum(self._counted(k) for k in keys)
-            uses = [u for u in (self._next_use(k) for k in keys) if u is not None]
-            if not uses or nbytes == 0 or nbytes * _TINY < need:
-                # Evicting a value this much smaller than the room needed frees nothing that matters, and its
-                # recompute can cost a chain: a BatchNorm's running-statistics update (256 bytes), read again
-                # by the buffer copy at the end of the forward, pulled a chain of convolutions back, all locked.
-                continue
-            scored.append((self._victim_score(producer, nbytes, min(uses)), self.position.get(producer, -1), keys))
-        scored.sort(key=lambda item: (item[0], item[1]))
-        for _, _, keys in scored:
-            if self.memory + need <= self.budget:
-                return
-            for key in keys:
-                self._drop(key)
-            self.evictions.append((keys[0][0], len(self.trace)))
-        if self.memory + need > self.budget:
-            self.fits = False
-
-    # ------------------------------------------------------------------------------------- replay
-
-    def _ensure(self, node: fx.Node, depth: int = 0) -> None:
-        """Make `node`'s value available, recomputing it (and what it needs) if it was freed."""
-        if self.version.get(node) is not None:
-            return
+    def recompute(self, op: Operation) -> None:
+        """The engine reruns `op` (its inputs are resident): emit its node again."""
+        node = op.payload
         if not self.cost[node].recomputable:
             raise _Infeasible(
                 f"value needed again after it was freed, and it cannot be recomputed: {node.format_node()}"
             )
-        if depth > 10_000:
-            raise _Infeasible(f"recompute chain too deep at {node.format_node()}")
-        self._run(node, recompute=True, depth=depth + 1)
+        self._emit(node, recompute=True)
 
-    def _run(self, node: fx.Node, *, recompute: bool, depth: int = 0) -> None:
-        args = node.all_input_nodes
-        for arg in args:  # lock first, so that recomputing one input cannot evict another
-            self._lock(arg, +1)
-        for arg in args:
-            self._ensure(arg, depth)
-        own = [k for k in self.storages.keys[node] if k[0] is node]
-        need = sum(self._counted(k) for k in own)
-        workspace = self.cost[node].workspace_bytes
-        self._make_room(need + workspace)
-        for key in own:
-            self.resident.add(key)
-        self.memory += need
-        self.peak = max(self.peak, self.memory + workspace)
+    def evict(self, storage: Storage) -> None:
+        """The engine freed `storage`: the values living in it are gone until their producer runs again."""
+        key = self.key_of.get(storage.sid)
+        if key is None:
+            return
+        for node in self.aliases.get(key, ()):
+            # A multi-output op whose other outputs stay resident keeps its version: their `getitem`s read it still
+            # (the engine reruns the op for the evicted one, and the readers of that one read the new version).
+            if node is not key[0] or len(self._own(node)) == 1:
+                self.version[node] = None
+        if storage.handles > 0:  # evicted while still read later, not freed after its last read
+            self.evictions.append((key[0], len(self.trace)))
+
+    # ------------------------------------------------------------------------------------ replay
+
+    def _emit(self, node: fx.Node, *, recompute: bool) -> None:
+        """Append `node` to the trace, reading the current version of each input (re-emitting a view or `getitem`
+        whose base storage came back since it was made)."""
+        for arg in node.all_input_nodes:
+            self._view_back(arg)
         version = self.next_version.get(node, 0)
         self.next_version[node] = version + 1
         self.version[node] = version
-        self.trace.append(Emitted(node, version, tuple((a, self.version[a]) for a in args)))
+        self.trace.append(Emitted(node, version, tuple((a, self.version[a]) for a in node.all_input_nodes)))
         if recompute:
             self.recompute_s += self.cost[node].time_s
             # A budget the replay can only meet by recomputing the same values over and over (each recompute
@@ -202,32 +157,70 @@ class _Replay:
             # otherwise grows exponentially along chains, and no such plan would be worth running.
             if len(self.trace) > _MAX_TRACE_FACTOR * len(self.schedule) + 1000:
                 raise _Infeasible(f"the replay thrashes under this budget (at {node.format_node()})")
-        for arg in args:
-            self._lock(arg, -1)
-        # Free what nobody needs any more: the inputs after their last use, and outputs nobody reads.
-        for arg in (*args, node):
-            for key in self.storages.keys[arg]:
-                free = key in self.resident and key not in self.pinned and not self.locks.get(key, 0)
-                if free and self._next_use(key) is None and self.storages.info[key].counted:
-                    self._drop(key)
+
+    def _view_back(self, node: fx.Node) -> None:
+        """A value with no storage of its own (a view, a `getitem`) whose base was evicted and recomputed since it was
+        made: make it again from the base's current version."""
+        if self.version.get(node) is not None:
+            return
+        if self._own(node):  # its own storage is resident (the engine made it so): its version is current
+            raise AssertionError(f"{node.name}: resident, with no current version")
+        self._emit(node, recompute=True)
+
+    def _run(self, node: fx.Node) -> None:
+        """Run one node of the schedule: as an engine operation if it makes storages, else (a view) on its inputs."""
+        engine = self.engine
+        inputs = self._inputs(node)
+        own = self._own(node)
+        if own:
+            info = self.storages.info
+            sizes = [info[k].nbytes if info[k].counted else 0 for k in own]
+            cost = self.cost[node]
+            engine.reserve(inputs, sum(sizes) + cost.workspace_bytes, node.name)
+            try:
+                self._emit(node, recompute=False)
+            except BaseException:
+                engine.abandon(inputs)
+                raise
+            op = engine.record(node.name, inputs, sizes, cost.time_s, payload=node, workspace=cost.workspace_bytes)
+            for key, storage in zip(own, op.outputs, strict=True):
+                self._adopt(key, storage)
+                if key in self.pinned:
+                    engine.pin(storage)
+                elif not cost.recomputable:
+                    engine.keep_resident(storage)
+        else:
+            engine.reserve(inputs, 0, node.name)  # brings the base back if it was evicted
+            try:
+                self._emit(node, recompute=False)
+            finally:
+                engine.abandon(inputs)
+        # Give back the storages read for the last time here, and outputs nobody reads.
+        now = float(self.position[node])
+        for key in dict.fromkeys(k for a in (*node.all_input_nodes, node) for k in self.storages.keys[a]):
+            if key in self.dropped or key in self.pinned or key[0].op == "placeholder":
+                continue
+            if self.last_read.get(key, -1.0) <= now:
+                self.dropped.add(key)
+                engine.drop_handle(self.held[key])
 
     def run(self) -> tuple[int, dict[fx.Node, Version]]:
         boundary = None
         fwd_versions: dict[fx.Node, Version] = {}
         for pos, node in enumerate(self.schedule):
-            self.now = pos
+            self.clock.now = float(pos)
             if boundary is None and self.cost[node].phase == "backward":
                 boundary = len(self.trace)
                 fwd_versions = self._snapshot(self.fwd_outputs)
                 self._drop_unkept()
-            self._run(node, recompute=False)
+            self._run(node)
         if boundary is None:
             boundary = len(self.trace)
             fwd_versions = self._snapshot(self.fwd_outputs)
         return boundary, fwd_versions
 
     def _drop_unkept(self) -> None:
-        """At the end of the forward, drop the recomputable values the starting partition does not save.
+        """At the end of the forward, evict the recomputable values the starting partition does not save.
 
         With Inductor the starting partition is its own min-cut, which recomputes cheap pointwise ops
         inside the backward's fused kernels instead of saving them: saving them would cost memory
@@ -236,16 +229,21 @@ class _Replay:
         if self.keep is None:
             return
         kept_keys = {k for n in self.nodes if n.name in self.keep for k in self.storages.keys[n]}
-        for key in sorted(self.resident, key=lambda k: (self.position.get(k[0], -1), k[1])):
+        for key, storage in sorted(self.held.items(), key=lambda item: item[1].sid):
             producer = key[0]
-            if key in kept_keys or key in self.pinned or not self.cost[producer].recomputable:
+            if key in kept_keys or not storage.resident or storage.pinned or storage.locks or storage.kept_resident:
                 continue
-            if self.cost[producer].phase == "forward" and not self.locks.get(key, 0):
-                self._drop(key)
+            if storage.producer is not None and self.cost[producer].phase == "forward":
+                self.engine.evict(storage)
 
     def _snapshot(self, nodes: list[fx.Node]) -> dict[fx.Node, Version]:
         for node in nodes:
-            self._ensure(node)
+            inputs = [self.held[k] for k in self.storages.keys[node]]
+            self.engine.reserve(inputs, 0, "output")
+            try:
+                self._view_back(node)
+            finally:
+                self.engine.abandon(inputs)
         return {n: self.version[n] for n in nodes}
 
 
@@ -260,11 +258,12 @@ def page_schedule(
     """
     start = time.perf_counter()
     replay = _Replay(gm, budget_bytes, num_fwd_outputs, keep)
+    fits = True
     try:
         boundary, fwd_versions = replay.run()
         final_versions = replay._snapshot(replay.bwd_outputs)
-    except _Infeasible:
-        replay.fits = False
+    except (_Infeasible, BudgetError):
+        fits = False
         boundary, fwd_versions, final_versions = len(replay.trace), {}, {}
     compute_s = sum(replay.cost[n].time_s for n in replay.schedule)
     return Plan(
@@ -273,8 +272,8 @@ def page_schedule(
         boundary=boundary,
         fwd_versions=fwd_versions,
         final_versions=final_versions,
-        replay_peak_bytes=replay.peak,
-        fits=replay.fits,
+        replay_peak_bytes=replay.engine.room_peak,
+        fits=fits,
         recompute_s=replay.recompute_s,
         compute_s=compute_s,
         evictions=replay.evictions,

@@ -149,6 +149,26 @@ def test_paging_planner_takes_over_below_the_searchs_reach() -> None:
     assert max(versions) >= 2  # some values are recomputed more than once
 
 
+def test_paging_planner_runs_the_schedule_on_the_engine() -> None:
+    """The paging replay is the engine's run of the schedule: every recompute in its trace of an op with storages of
+    its own is one the engine asked for, and every op reads versions of its inputs emitted before it."""
+    from dtr_compile.passes import paging
+
+    torch.manual_seed(0)
+    joint, n_out = _joint(_UnrolledRecurrence(), torch.randn(128, 64))
+    no_remat = plan_joint(joint, None, num_fwd_outputs=n_out).planned_peak.peak_bytes
+    replay = paging._Replay(joint, int(0.15 * no_remat), n_out, None)
+    replay.run()
+    replay._snapshot(replay.bwd_outputs)
+    recomputed = [e for e in replay.trace if e.version > 0 and replay._own(e.node)]
+    assert recomputed and len(recomputed) == replay.engine.stats().remats
+    emitted: set[tuple[str, int]] = set()
+    for e in replay.trace:
+        for arg, version in e.arg_versions:
+            assert arg.op == "placeholder" or (arg.name, version) in emitted, (e.node.name, arg.name, version)
+        emitted.add((e.node.name, e.version))
+
+
 def test_paging_plan_gives_eager_gradients() -> None:
     torch.manual_seed(0)
     model, x = _UnrolledRecurrence(), torch.randn(128, 64)
