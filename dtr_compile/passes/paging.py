@@ -86,7 +86,6 @@ class _Replay:
         # tiny ops are noise next to that.
         self.engine = Engine(budget, heuristic="future", candidate_sampling="all", thrash_limit=None, executor=self)
         self.held: dict[StorageKey, Storage] = {}  # every storage of the replay, by key (the engine holds ops weakly)
-        self.key_of: dict[int, StorageKey] = {}  # engine storage id -> key
         self.dropped: set[StorageKey] = set()  # handles given back (the storage is read no more)
         self.version: dict[fx.Node, Version | None] = {}
         self.next_version: dict[fx.Node, Version] = {}
@@ -104,7 +103,7 @@ class _Replay:
 
     def _adopt(self, key: StorageKey, storage: Storage) -> None:
         self.held[key] = storage
-        self.key_of[storage.sid] = key
+        storage.payload = key  # what `evict` reads back
         times = self.reads.get(key)
         if times is not None:
             storage.meta = NextUses(times, self.clock)
@@ -128,7 +127,7 @@ class _Replay:
 
     def evict(self, storage: Storage) -> None:
         """The engine freed `storage`: the values living in it are gone until their producer runs again."""
-        key = self.key_of.get(storage.sid)
+        key: StorageKey | None = storage.payload
         if key is None:
             return
         for node in self.aliases.get(key, ()):
