@@ -242,7 +242,9 @@ class Engine:
                 self._strict = True
             self._check_reachable(inputs, out_bytes)
             # The deep ones first (see `_next_missing`): what a shallow one brings back is held (locked) after.
-            missing = sorted((s for s in inputs if not s.resident), key=lambda s: not _has_evicted_parent(s))
+            missing = [s for s in inputs if not s.resident]
+            if len(missing) > 1:
+                missing.sort(key=lambda s: not _has_evicted_parent(s))
             for storage in missing:
                 if not storage.resident:  # a sibling's recompute may have brought it back
                     self._rematerialize(storage)

@@ -12,6 +12,9 @@ pointwise ops run where their first reader needs them (inlining.py); this is clo
 Inductor's memory (passes/verify.py measures the compiled code and corrects). It is the number
 `explain` prints and the number the planner holds to the budget; planner.py's fast simulation of a
 plan agrees with it byte for byte.
+
+The bytes are counted by the eviction engine (engine/ledger.py), as the runtime's live step and the log
+replay are: this module decides when each storage is allocated and freed, the engine counts what that holds.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 from torch import fx
 
+from ..engine.ledger import ScheduleLedger
 from .inlining import FUSED_RECOMPUTE, InlineDecider, inductor_inlined, is_loop, is_pointwise, is_view, sunk_order
 from .kernel_groups import KernelSpans, keeps_local_values, kernel_spans, loop_elements
 from .meta import DTR_META_KEY
@@ -103,13 +107,15 @@ def graph_peak(
     del fwd_outs
 
     timeline: list[MemoryPoint] = []
-    live: set[StorageKey] = set()
-    memory = 0
+    ledger = ScheduleLedger()  # the engine counts the bytes (engine/ledger.py)
     peak, peak_node = 0, None
     live_at_peak: list[tuple[str, int]] = []
 
     def own_keys(node: fx.Node) -> list[StorageKey]:
         return [key for key in storages.keys[node] if key[0] is node]
+
+    def counted_live() -> list[tuple[str, int]]:
+        return [(key[0].name, counted(key)) for key in ledger if counted(key)]
 
     # Recomputed loop ops Inductor runs as one kernel (kernel_groups.py): allocated together, freed together.
     spans = _backward_spans(backward_ops, storages, own_keys) if inductor else KernelSpans()
@@ -119,59 +125,53 @@ def graph_peak(
         local = spans.local_storages(lambda i: own_keys(backward_ops[i]), last_bwd, forever)
 
     def run(sequence: list[fx.Node], last: dict[StorageKey, int], phase: str, keep: set[StorageKey]) -> None:
-        nonlocal memory, peak, peak_node
+        nonlocal peak, peak_node
         grouped = phase == "backward"
         for i, node in enumerate(sequence):
-            for member in _members(sequence, i, allocating, inside) if grouped else (node,):
-                for key in own_keys(member):
-                    if key not in live and key not in local:
-                        live.add(key)
-                        memory += counted(key)
+            made = [
+                (key, counted(key))
+                for member in (_members(sequence, i, allocating, inside) if grouped else (node,))
+                for key in own_keys(member)
+                if key not in local
+            ]
             # A kernel's own temporaries (dropout's float mask) are live only while it runs.
             cost = node.meta.get(DTR_META_KEY)
             own = own_keys(node)
-            running = memory + (cost.workspace_bytes if cost is not None and own else 0)
+            running = ledger.allocate(node.name, made, cost.workspace_bytes if cost is not None and own else 0)
             timeline.append(MemoryPoint(node, phase, running))
             if running > peak:
                 peak, peak_node = running, node
                 if record_live:
-                    live_at_peak[:] = [(key[0].name, counted(key)) for key in live if counted(key)]
+                    live_at_peak[:] = counted_live()
             for member in _members(sequence, i, freeing, inside) if grouped else (node,):
                 for arg in (*member.all_input_nodes, member):
                     for key in storages.keys[arg]:
-                        if key in live and key not in forever and key not in keep and last.get(key, -1) <= i:
-                            live.discard(key)
-                            memory -= counted(key)
+                        if key not in forever and key not in keep and last.get(key, -1) <= i:
+                            ledger.free(key)
 
     run(forward_ops, last_fwd, "forward", saved)
-    saved_bytes = memory
+    saved_bytes = ledger.memory
     # Saved values the backward never reads are dropped when the forward returns.
-    for key in list(live):
+    for key in list(ledger):
         if key not in forever and key not in last_bwd:
-            live.discard(key)
-            memory -= counted(key)
-    forward_end = memory
-    tangent_bytes = 0
-    for tangent in tangents:
-        for key in storages.keys[tangent]:
-            if key not in live:
-                tangent_bytes += counted(key)
-                live.add(key)
-                memory += counted(key)
+            ledger.free(key)
+    forward_end = ledger.memory
+    ledger.allocate("tangents", [(key, counted(key)) for tangent in tangents for key in storages.keys[tangent]])
+    tangent_bytes = ledger.memory - forward_end
     # The code between forward and backward (a loss), its tangents included (storage.Tail).
     tail = assumed_tail(tangents, tangent_bytes)
     if forward_end + tail.peak_bytes > peak:
         peak, peak_node = forward_end + tail.peak_bytes, forward_ops[-1] if forward_ops else peak_node
         if record_live:
-            held = [(key[0].name, counted(key)) for key in live if counted(key) and key[0] not in tangents]
+            held = [(key[0].name, counted(key)) for key in ledger if counted(key) and key[0] not in tangents]
             live_at_peak[:] = [*held, ("(the tail, its tangents included)", tail.peak_bytes)]
-    memory += tail.at_backward_bytes - tangent_bytes
+    # What the tail holds into the backward beyond its tangents is not a storage of this graph.
+    ledger.outside += tail.at_backward_bytes - tangent_bytes
     # Outputs the program let go before the backward, where this plan does not save them for it.
     for key in let_go_keys(tail, output.args[0], num_fwd_outputs, storages.keys):
-        if key in live and key not in last_bwd:
-            live.discard(key)
-            memory -= counted(key)
-    backward_start = memory
+        if key not in last_bwd:
+            ledger.free(key)
+    backward_start = ledger.memory
     run(backward_ops, last_bwd, "backward", set())
     live_at_peak.sort(key=lambda entry: -entry[1])
     return PeakModel(peak, peak_node, tuple(timeline), saved_bytes, backward_start, tuple(live_at_peak))

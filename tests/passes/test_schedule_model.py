@@ -1,4 +1,5 @@
-"""The planner's fast simulation against the model of the emitted graph, and the Inductor memory model."""
+"""The planner's fast simulation against the model of the emitted graph (counted by the engine: engine/ledger.py),
+and the Inductor memory model."""
 
 from __future__ import annotations
 
