@@ -31,6 +31,8 @@ step where torch.compile's whole first call took 17 s). That first plan runs onc
 generator's (`_codegen_for`: plain aten ops, compiled in the time it takes to plan), and Inductor compiles once,
 when the step has ended, for the tail it measured (or the assumed one, when the two agree). A region whose first
 step ends without that (no backward: an evaluation; or the step failed) is compiled with Inductor at its next call.
+A region whose tail a step of an earlier process measured at the same sizes (plan_cache.region_key) skips the FX
+step: its first plan is made with that tail and compiled with Inductor at once, from the caches when they hold it.
 
 Dynamic shapes: Dynamo marks sizes that change between calls as symbolic and compiles once for all of them.
 The plan is made at the largest value of each size the region has been called with (planned_sizes.py), and made
@@ -159,7 +161,7 @@ class Region:
         self._floor_note: tuple[int, str] | None = None
         # The joint graph's structure, once a plan asked for a tail an earlier process measured (`_recall_tail`)
         self._tail_structure: str | None = None
-        self._remembered: tuple[str, Tail] | None = None  # (key, tail) this region kept for later processes
+        self._remembered: tuple[tuple[str, ...], Tail] | None = None  # (keys, tail) kept for later processes
         key, budget = self._plan_budget()
         self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
 
@@ -275,9 +277,12 @@ class Region:
             return None
         measured_tail = Tail(measured.peak_bytes, measured.at_backward_bytes, measured.dropped_outputs)
         if self._tail_structure is not None:  # for a later process's first step (`_recall_tail`)
-            self._remembered = (plan_cache.tail_key(self._tail_structure, _sizes_key(self._tail_sizes)), measured_tail)
+            sizes = _sizes_key(self._tail_sizes)
+            keys = (plan_cache.tail_key(self._tail_structure, sizes), plan_cache.region_key(self.gm, sizes))
+            self._remembered = (keys, measured_tail)
             held = self._tangents_held or self.name in runtime.tails.held_tangents
-            plan_cache.remember_tail(*self._remembered, tangents_held=held)
+            for key in keys:
+                plan_cache.remember_tail(key, measured_tail, tangents_held=held)
         report = self.reports[-1]
         assumed = report.tail  # the assumed or recalled one, or the least where the assumed one left no plan
         # At the backward's start, outputs the program let go count as freed (at most: a plan may save one)
@@ -313,7 +318,10 @@ class Region:
         from the next, as an assumed tail would be. So is whether that step's backward held the incoming gradients
         (torch 2.11): the plan holds them from the first step, as the one that named the floor did."""
         self._tail_structure = structure
-        recalled = plan_cache.remembered_tail(plan_cache.tail_key(structure, _sizes_key(self._sizes.values)))
+        sizes = _sizes_key(self._sizes.values)
+        recalled = plan_cache.remembered_tail(plan_cache.tail_key(structure, sizes))
+        if recalled is None:  # kept by a step whose plan traced the graph for the other code generator
+            recalled = plan_cache.remembered_tail(plan_cache.region_key(self.gm, sizes))
         if recalled is not None and recalled.tangents_held:
             self._tangents_held = True
         return recalled
@@ -352,7 +360,9 @@ class Region:
         newly_held = not self._tangents_held and self.name in runtime.tails.held_tangents
         self._tangents_held = self._tangents_held or newly_held
         if newly_held and self._remembered is not None:  # learned after the tail was kept: keep it with it
-            plan_cache.remember_tail(*self._remembered, tangents_held=True)
+            keys, remembered = self._remembered
+            for key in keys:
+                plan_cache.remember_tail(key, remembered, tangents_held=True)
         tail = self._measured_tail(runtime, step_budget, compiling=self._provisional)
         if tail is None and not self._provisional and not newly_held:
             return None
@@ -501,8 +511,17 @@ class Region:
         Also for a plan made again in the middle of a step because a call brought larger sizes than the plan was made
         at (`grew`: dynamic shapes): Inductor's code compiled there could not be measured (the step is running), and
         that step ran on the model alone (HF Llama with varying lengths, CPU stand-in at 0.6: 1.071x the budget at
-        the longest batch). FX code runs that step as modelled, and Inductor compiles, measured, when it has ended."""
+        the longest batch). FX code runs that step as modelled, and Inductor compiles, measured, when it has ended.
+
+        Not when a step of an earlier process measured this region's tail at these sizes (plan_cache.remember_first_step):
+        the plan is made with that tail (`_recall_tail`), so Inductor compiles it at once, measured as it compiles or
+        read from the plan cache with its measurement, and Inductor's own cache has its code. With the FX first step a
+        warm process's first call took 27.5-30.0 s on the CPU stand-in's Llama at checkpointing's peak, 12.8-18.0 s
+        without (torch.compile's own warm first call: 5.4 s); the step's own measurement still decides a new plan if
+        its tail differs."""
         first_step_plan = key[0] == "step" and len(key) > 2 and not self._first_step_over  # type: ignore[index]
+        if first_step_plan and not grew and self._first_step_measured_before():
+            first_step_plan = False
         regrown = grew and key[0] == "step" and key[1] is not None and current_step() is not None  # type: ignore[index]
         if (
             self.codegen == "inductor"
@@ -513,6 +532,10 @@ class Region:
         ):
             return "fx"
         return self.codegen
+
+    def _first_step_measured_before(self) -> bool:
+        """Did a step of an earlier process measure this region's tail at the sizes it is planned at now?"""
+        return plan_cache.remembered_tail(plan_cache.region_key(self.gm, _sizes_key(self._sizes.values))) is not None
 
     def _returns_only_scalars(self) -> bool:
         """Does the region's graph return tensors, all of one element (as Dynamo traced them), and nothing else?"""

@@ -760,6 +760,11 @@ class DTRPartitioner(_PartitionerBase):
             + (("tangents held",) if self.tangents_held else ()),
         )
 
+    def _model_planned_with(self) -> str:
+        """The memory model that holds the plans, named (None: the one the code generator implies), as in a cache key:
+        a plan read from the plan cache names it, a plan made afresh does not, and both are the same plan."""
+        return plan_model(self.memory_model, self.codegen if self.codegen is not None else config.codegen)
+
     def _tail_planned(self) -> Tail | None:
         """The tail the last graph was planned with, where not the assumed one."""
         return self.tail if self.tail is not None else self.recalled_tail
@@ -769,15 +774,18 @@ class DTRPartitioner(_PartitionerBase):
         return self
 
     def __reduce__(self) -> tuple:
-        # Inductor pickles its config into cache keys: the settings matter, the reports do not.
+        # Inductor pickles its config into cache keys: the settings matter, the reports do not. The tail and the memory
+        # model planned with are settings whether this process chose them or an earlier one did (a recalled tail, a
+        # plan read from the plan cache): otherwise a plan compiled at a new process's first step missed the code
+        # Inductor cached for the same plan compiled after the earlier process's first step.
         state = {
             "cost_mode": self.cost_mode,
             "start_from_min_cut": self.start_from_min_cut,
             "codegen": self.codegen,
             "model_scale": self.model_scale,
-            "memory_model": self.memory_model,
-            "tail": self.tail,
-            "recalled_tail": self.recalled_tail,
+            "memory_model": self._model_planned_with(),
+            "tail": self._tail_planned(),
+            "recalled_tail": None,
             "runs_once": self.runs_once,
             "tangents_held": self.tangents_held,
             "reports": [],
@@ -793,7 +801,7 @@ class DTRPartitioner(_PartitionerBase):
             self.start_from_min_cut,
             self.codegen,
             self.model_scale,
-            self.memory_model,
+            self._model_planned_with(),
             repr(self._tail_planned()),
             self.runs_once,
             self.tangents_held,
