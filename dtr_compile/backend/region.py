@@ -513,14 +513,16 @@ class Region:
         that step ran on the model alone (HF Llama with varying lengths, CPU stand-in at 0.6: 1.071x the budget at
         the longest batch). FX code runs that step as modelled, and Inductor compiles, measured, when it has ended.
 
-        Not when a step of an earlier process measured this region's tail at these sizes (plan_cache.remember_first_step):
-        the plan is made with that tail (`_recall_tail`), so Inductor compiles it at once, measured as it compiles or
-        read from the plan cache with its measurement, and Inductor's own cache has its code. With the FX first step a
+        Not when a step of an earlier process measured this region's tail at these sizes (plan_cache.region_key) and no
+        step is running yet: the plan is made with that tail (`_recall_tail`), so Inductor compiles it at once, measured
+        as it compiles or read from the plan cache with its measurement, and Inductor's own cache has its code. (A
+        region first seen inside a running step, after a graph break, keeps the FX first step: Inductor's code compiled
+        there could not be measured.) With the FX first step a
         warm process's first call took 27.5-30.0 s on the CPU stand-in's Llama at checkpointing's peak, 12.8-18.0 s
         without (torch.compile's own warm first call: 5.4 s); the step's own measurement still decides a new plan if
         its tail differs."""
         first_step_plan = key[0] == "step" and len(key) > 2 and not self._first_step_over  # type: ignore[index]
-        if first_step_plan and not grew and self._first_step_measured_before():
+        if first_step_plan and not grew and current_step() is None and self._first_step_measured_before():
             first_step_plan = False
         regrown = grew and key[0] == "step" and key[1] is not None and current_step() is not None  # type: ignore[index]
         if (
