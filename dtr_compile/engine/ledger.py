@@ -1,8 +1,8 @@
-"""A fixed schedule's memory, counted by the engine: the planner's memory models run on the runtime's accounting.
+"""A fixed schedule's memory, counted by the engine: the planner's peak model runs on the runtime's accounting.
 
-The compile-time planner evaluates schedules whose every allocation and free is decided in advance: a plan's
-forward and backward, with its recomputes (passes/schedule.py `simulate`, for each candidate plan), or the graph
-a plan was emitted as (passes/peak.py `graph_peak`). The planner decides *when* each storage comes and goes (an
+The planner's model of a plan is the memory of a schedule whose every allocation and free is decided in advance:
+the graph the plan was emitted as (passes/peak.py `graph_peak`; the search's fast simulation, passes/schedule.py,
+keeps flat loops and is tested equal to it byte for byte). The model decides *when* each storage comes and goes (an
 op's outputs where it, or the fused kernel it runs in, starts; a value after its last reader; the values saved
 for the backward across the forward's end). What those storages occupy while an op runs is the engine's to count,
 as it counts the live step's (runtime/) and the operation-log replay's (sim/): a storage is counted from the
@@ -44,9 +44,6 @@ class ScheduleLedger:
         """Bytes live now: the engine's resident storages and the outside bytes."""
         return self.engine.memory + self.outside
 
-    def nbytes(self, key: Hashable) -> int:
-        return self._storages[key].nbytes
-
     def allocate(self, name: str, sized_keys: Iterable[tuple[Hashable, int]], workspace: int = 0) -> int:
         """Op `name` makes the storages among `sized_keys` ((key, bytes) pairs) that are not live yet; returns the
         bytes live while it runs (`workspace` included: temporaries it frees before it returns)."""
@@ -70,8 +67,3 @@ class ScheduleLedger:
             return False
         self.engine.drop_handle(storage)
         return True
-
-    @property
-    def room_peak(self) -> int:
-        """The most bytes any op of the schedule ran with (outside bytes not included)."""
-        return self.engine.room_peak
