@@ -31,7 +31,7 @@ step where torch.compile's whole first call took 17 s). That first plan runs onc
 generator's (`_codegen_for`: plain aten ops, compiled in the time it takes to plan), and Inductor compiles once,
 when the step has ended, for the tail it measured (or the assumed one, when the two agree). A region whose first
 step ends without that (no backward: an evaluation; or the step failed) is compiled with Inductor at its next call.
-A region whose tail a step of an earlier process measured at the same sizes (plan_cache.region_key) skips the FX
+A region whose tail a step of an earlier process measured at the same sizes (plan_cache.dynamo_structure) skips the FX
 step: its first plan is made with that tail and compiled with Inductor at once, from the caches when they hold it.
 
 Dynamic shapes: Dynamo marks sizes that change between calls as symbolic and compiles once for all of them.
@@ -161,6 +161,8 @@ class Region:
         self._floor_note: tuple[int, str] | None = None
         # The joint graph's structure, once a plan asked for a tail an earlier process measured (`_recall_tail`)
         self._tail_structure: str | None = None
+        # TorchDynamo's graph, the measured tail is kept under it too: a first step may skip FX code (`_codegen_for`)
+        self._dynamo_structure = plan_cache.dynamo_structure(gm)
         self._remembered: tuple[tuple[str, ...], Tail] | None = None  # (keys, tail) kept for later processes
         key, budget = self._plan_budget()
         self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
@@ -278,7 +280,10 @@ class Region:
         measured_tail = Tail(measured.peak_bytes, measured.at_backward_bytes, measured.dropped_outputs)
         if self._tail_structure is not None:  # for a later process's first step (`_recall_tail`)
             sizes = _sizes_key(self._tail_sizes)
-            keys = (plan_cache.tail_key(self._tail_structure, sizes), plan_cache.region_key(self.gm, sizes))
+            keys = (
+                plan_cache.tail_key(self._tail_structure, sizes),
+                plan_cache.tail_key(self._dynamo_structure, sizes),
+            )
             self._remembered = (keys, measured_tail)
             held = self._tangents_held or self.name in runtime.tails.held_tangents
             for key in keys:
@@ -321,7 +326,7 @@ class Region:
         sizes = _sizes_key(self._sizes.values)
         recalled = plan_cache.remembered_tail(plan_cache.tail_key(structure, sizes))
         if recalled is None:  # kept by a step whose plan traced the graph for the other code generator
-            recalled = plan_cache.remembered_tail(plan_cache.region_key(self.gm, sizes))
+            recalled = plan_cache.remembered_tail(plan_cache.tail_key(self._dynamo_structure, sizes))
         if recalled is not None and recalled.tangents_held:
             self._tangents_held = True
         return recalled
@@ -513,14 +518,14 @@ class Region:
         that step ran on the model alone (HF Llama with varying lengths, CPU stand-in at 0.6: 1.071x the budget at
         the longest batch). FX code runs that step as modelled, and Inductor compiles, measured, when it has ended.
 
-        Not when a step of an earlier process measured this region's tail at these sizes (plan_cache.region_key) and no
-        step is running yet: the plan is made with that tail (`_recall_tail`), so Inductor compiles it at once, measured
-        as it compiles or read from the plan cache with its measurement, and Inductor's own cache has its code. (A
+        Not when a step of an earlier process measured this region's tail at these sizes (kept under
+        plan_cache.dynamo_structure) and no step is running yet: the plan is made with that tail (`_recall_tail`), so
+        Inductor compiles it at once, measured as it compiles or read from the plan cache with its measurement, and
+        Inductor's own cache has its code. (A
         region first seen inside a running step, after a graph break, keeps the FX first step: Inductor's code compiled
-        there could not be measured.) With the FX first step a
-        warm process's first call took 27.5-30.0 s on the CPU stand-in's Llama at checkpointing's peak, 12.8-18.0 s
-        without (torch.compile's own warm first call: 5.4 s); the step's own measurement still decides a new plan if
-        its tail differs."""
+        there could not be measured.) With the FX first step a warm process's first call took 27.5-30.0 s on the CPU
+        stand-in's Llama at checkpointing's peak, 12.8-18.0 s without (torch.compile's own warm first call: 5.4 s); the
+        step's own measurement still decides a new plan if its tail differs."""
         first_step_plan = key[0] == "step" and len(key) > 2 and not self._first_step_over  # type: ignore[index]
         if first_step_plan and not grew and current_step() is None and self._first_step_measured_before():
             first_step_plan = False
@@ -537,7 +542,8 @@ class Region:
 
     def _first_step_measured_before(self) -> bool:
         """Did a step of an earlier process measure this region's tail at the sizes it is planned at now?"""
-        return plan_cache.remembered_tail(plan_cache.region_key(self.gm, _sizes_key(self._sizes.values))) is not None
+        key = plan_cache.tail_key(self._dynamo_structure, _sizes_key(self._sizes.values))
+        return plan_cache.remembered_tail(key) is not None
 
     def _returns_only_scalars(self) -> bool:
         """Does the region's graph return tensors, all of one element (as Dynamo traced them), and nothing else?"""

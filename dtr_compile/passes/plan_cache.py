@@ -19,7 +19,7 @@ default /tmp/torchinductor_<user>): a fresh Inductor cache directory is a fresh 
 The same store keeps, per graph structure (any budget), the last measured ratio of Inductor's memory to the
 model's (`calibration`): a later budget of the same graph aims its first plan with it (verify.py). And the loss tail a
 step measured after the graph's forward (`remember_tail`): a later process's first step plans with it, not with the
-assumed tail, and compiles with Inductor at once (`region_key`: backend/region.py).
+assumed tail, and compiles with Inductor at once (kept under `dynamo_structure` too: backend/region.py).
 """
 
 from __future__ import annotations
@@ -72,11 +72,27 @@ def cache_dir() -> pathlib.Path:
 
 def graph_structure(joint: fx.GraphModule, num_fwd_outputs: int) -> str:
     """A digest of what the planner reads of `joint`: its nodes, their arguments, and their values' layout."""
-    digest = hashlib.sha256(f"{num_fwd_outputs}".encode())
-    for node in joint.graph.nodes:
-        digest.update(repr((node.name, node.op, str(node.target), node.args, node.kwargs)).encode())
-        digest.update(_layout(node.meta.get("val")).encode())
+    return _digest(joint, f"{num_fwd_outputs}", "val")
+
+
+def dynamo_structure(gm: fx.GraphModule) -> str:
+    """The digest of the graph TorchDynamo handed the backend, by its example values: known before anything is traced,
+    and the same whichever code generator traces its joint graph (the first step's FX code and Inductor decompose it
+    differently, so a `tail_key` of one's joint `graph_structure` is not found by the other)."""
+    return _digest(gm, "", "example_value")
+
+
+def _digest(gm: fx.GraphModule, seed: str, value_key: str) -> str:
+    digest = hashlib.sha256(seed.encode())
+    for node in gm.graph.nodes:
+        # Dynamo's targets are Python functions, which print with their address: not the same in the next process
+        described = repr((node.name, node.op, str(node.target), node.args, node.kwargs))
+        digest.update(_ADDRESS.sub("", described).encode())
+        digest.update(_layout(node.meta.get(value_key)).encode())
     return digest.hexdigest()
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def _layout(value: Any) -> str:
@@ -201,23 +217,6 @@ def remembered_tail(key: str) -> RememberedTail | None:
     except (TypeError, ValueError):
         return None
     return RememberedTail(tail, entry.get("tangents_held") is True)  # type: ignore[union-attr]
-
-
-def region_key(gm: fx.GraphModule, sizes: str) -> str:
-    """Where the loss tail measured after a region's forward is kept too (`remember_tail`), beside `tail_key`: the
-    graph TorchDynamo handed the backend (its nodes and their example values' layout), at the sizes its step ran. It
-    is known before anything is traced, and the same whichever code generator traces the joint graph (the first
-    step's FX code and Inductor decompose it differently: `tail_key` of one is not found by the other)."""
-    digest = hashlib.sha256()
-    for node in gm.graph.nodes:
-        # Dynamo's targets are Python functions, which print with their address: not the same in the next process
-        described = repr((node.name, node.op, str(node.target), node.args, node.kwargs))
-        digest.update(_ADDRESS.sub("", described).encode())
-        digest.update(_layout(node.meta.get("example_value")).encode())
-    return plan_key(digest.hexdigest(), ("first step", sizes))
-
-
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 # ------------------------------------------------------------------------------------------------ plans

@@ -2,7 +2,7 @@
 
 The first step of a region under a budget runs FX code, planned for an assumed loss tail, and measures the real tail;
 Inductor compiles once the step has ended (backend/region.py). A later process with the same graph at the same sizes
-knows that tail (plan_cache.remember_tail, also under TorchDynamo's graph: `region_key`), so its first step compiles
+knows that tail (plan_cache.remember_tail, also under TorchDynamo's graph: `dynamo_structure`), so its first step compiles
 with Inductor at once, with the plan read from the plan cache and the code from Inductor's own cache. Before, every
 process ran the FX first step and then compiled again: on the CPU stand-in's Llama `small` a warm process's first
 call took 27.5-30 s, against 5.4 s for torch.compile's.
