@@ -669,7 +669,7 @@ class DTRPartitioner(_PartitionerBase):
         now = time.perf_counter()
         times.min_cut_s += now - clock
         clock = now
-        codegen = self.codegen if self.codegen is not None else config.codegen
+        codegen = self._codegen_now()
         try:
             report = self._plan(gm, num_fwd_outputs, keep, codegen)
         finally:
@@ -752,7 +752,7 @@ class DTRPartitioner(_PartitionerBase):
         """The plan cache key of the last graph planned, under `budget` instead of this partitioner's own."""
         if self.structure is None:
             return None
-        codegen = self.codegen if self.codegen is not None else config.codegen
+        codegen = self._codegen_now()
         return plan_cache.plan_key(
             self.structure,
             (repr(budget), self.cost_mode, self.start_from_min_cut, codegen, _source_hash(), repr(self._tail_planned()))
@@ -760,10 +760,14 @@ class DTRPartitioner(_PartitionerBase):
             + (("tangents held",) if self.tangents_held else ()),
         )
 
+    def _codegen_now(self) -> str:
+        """The code generator the plans are made for: this partitioner's, else the config's at this moment."""
+        return self.codegen if self.codegen is not None else config.codegen
+
     def _model_planned_with(self) -> str:
         """The memory model that holds the plans, named (None: the one the code generator implies), as in a cache key:
         a plan read from the plan cache names it, a plan made afresh does not, and both are the same plan."""
-        return plan_model(self.memory_model, self.codegen if self.codegen is not None else config.codegen)
+        return plan_model(self.memory_model, self._codegen_now())
 
     def _tail_planned(self) -> Tail | None:
         """The tail the last graph was planned with, where not the assumed one."""
