@@ -35,11 +35,13 @@ def compile_region(
     codegen: str = "inductor",
     wrap: PartWrapper | None = None,
     measure_on: Sequence[Any] | None = None,
+    measure_floor: bool = True,
 ) -> Callable[..., Any]:
     """Compile one Dynamo region with `partitioner` as AOTAutograd's partition function.
 
     `wrap`, if given, receives every compiled part (region.py makes them operations of the eager runtime).
-    `measure_on`: the inputs Inductor's code is measured on (passes/verify.py), when not `example_inputs`."""
+    `measure_on`: the inputs Inductor's code is measured on (passes/verify.py), when not `example_inputs`.
+    `measure_floor`: see verify.compile_within_budget."""
     if codegen == "fx":
         from torch._dynamo.backends.common import aot_autograd
 
@@ -111,7 +113,9 @@ def compile_region(
             # measure would be recorded by the step. The runtime accounts for the region's parts by the
             # plan's model and makes room around them.
             return compile_once()
-        return compile_within_budget(compile_once, example_inputs if measure_on is None else measure_on, partitioner)
+        return compile_within_budget(
+            compile_once, example_inputs if measure_on is None else measure_on, partitioner, measure_floor=measure_floor
+        )
     raise ValueError(f"codegen={codegen!r}; expected 'inductor' or 'fx'")
 
 

@@ -56,6 +56,7 @@ from torch import fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import auto_budget, config
+from ..compat import FREES_BACKWARD_GRADS
 from ..config import Budget
 from ..errors import BudgetError, MeasurementError, format_bytes
 from ..passes import plan_cache, running_plans
@@ -89,6 +90,10 @@ _region_ids = itertools.count()
 # step's budget: closer, a new plan (a compile) would change less than the memory model's own error.
 TAIL_TOLERANCE = 0.02
 TAIL_BAND = 0.90  # issue 17's band: a step whose peak is within [0.90, 1] of its budget needs no new plan
+# The most values of the outputs' size, in fp32, a loss computed after the forward holds at once: a cross-entropy's
+# saved log-softmax, the gradient of its nll and the gradient it hands back (measured: 3.00x the logits' fp32 bytes
+# for GPT-2 and Llama, fp32 and bf16 autocast, F.cross_entropy and transformers' loss). `_tail_cannot_matter`
+LOSS_FP32_VALUES = 3
 
 
 _compiled_since_collection = False
@@ -163,7 +168,7 @@ class Region:
         self._tail_structure: str | None = None
         # TorchDynamo's graph, the measured tail is kept under it too: a first step may skip FX code (`_codegen_for`)
         self._dynamo_structure = plan_cache.dynamo_structure(gm)
-        self._remembered: tuple[tuple[str, ...], Tail] | None = None  # (keys, tail) kept for later processes
+        self._remembered: tuple[tuple[str, ...], Tail | None] | None = None  # (keys, tail) kept for later processes
         key, budget = self._plan_budget()
         self._compile(key, budget, list(example_inputs))  # now: Dynamo reports compile errors as its own
 
@@ -278,16 +283,6 @@ class Region:
         if measured is None:  # it shared its step with another region (tails.py): the assumed one stays
             return None
         measured_tail = Tail(measured.peak_bytes, measured.at_backward_bytes, measured.dropped_outputs)
-        if self._tail_structure is not None:  # for a later process's first step (`_recall_tail`)
-            sizes = _sizes_key(self._tail_sizes)
-            keys = (
-                plan_cache.tail_key(self._tail_structure, sizes),
-                plan_cache.tail_key(self._dynamo_structure, sizes),
-            )
-            self._remembered = (keys, measured_tail)
-            held = self._tangents_held or self.name in runtime.tails.held_tangents
-            for key in keys:
-                plan_cache.remember_tail(key, measured_tail, tangents_held=held)
         report = self.reports[-1]
         assumed = report.tail  # the assumed or recalled one, or the least where the assumed one left no plan
         # At the backward's start, outputs the program let go count as freed (at most: a plan may save one)
@@ -311,7 +306,24 @@ class Region:
         # a measured tail within 4 bytes of the least one, and the assumed tail's floor plan recomputed 135 ms of it).
         if compiling or self.reports[-1].least_tail or (off > TAIL_TOLERANCE * step_budget and not on_target):
             self._tail = measured_tail
+        if self._tail_structure is not None:  # for a later process's first step (`_recall_tail`)
+            self._remember_tail(runtime, self._tail if self._tail is not None else _recalled_tail(report))
         return self._tail_at_planned_sizes()
+
+    def _remember_tail(self, runtime: Any, tail: Tail | None) -> None:
+        """Keep the tail this region's plans are made with from now on (None: the assumed one, which the step measured
+        close enough to keep) for the first step of a later process. The tail, not the one the step measured: planned
+        with a tail a few bytes off the one this process's plan was made with, the later process's plan missed the
+        code Inductor cached for it."""
+        sizes = _sizes_key(self._tail_sizes)
+        keys = (
+            plan_cache.tail_key(self._tail_structure, sizes),  # type: ignore[arg-type]
+            plan_cache.tail_key(self._dynamo_structure, sizes),
+        )
+        self._remembered = (keys, tail)
+        held = self._tangents_held or self.name in runtime.tails.held_tangents
+        for key in keys:
+            plan_cache.remember_tail(key, tail, tangents_held=held)
 
     def _recall_tail(self, structure: str) -> plan_cache.RememberedTail | None:
         """The tail a step of an earlier process measured after this graph's forward at these sizes, for a plan made
@@ -436,8 +448,25 @@ class Region:
         self._floor_note = None
         self._planned_carried = self._carried_bytes
         codegen = self._codegen_for(key, grew)
+        if (
+            codegen == "inductor"
+            and key[0] == "step"  # type: ignore[index]
+            and not self._first_step_over
+            and not FREES_BACKWARD_GRADS
+            and not self._first_step_measured_before()
+        ):
+            # The first step compiles with Inductor at once (`_tail_cannot_matter`): before any step has shown whether
+            # the autograd engine holds the incoming gradients through the compiled backward (torch 2.11 does, unless
+            # AOTAutograd copied one of other strides), the plan holds them, as the runtime assumes (compiled_ops.py).
+            # A plan that freed them would be compiled again when the step ended (`_replan_if_tangents_held`).
+            self._tangents_held = True
         try:
-            self._compiled = self._compile_with(budget, example_inputs, tail, codegen, measure_on=measure_on)
+            # Before a step has measured the tail, a budget its assumed tail leaves no plan under is planned with the
+            # least tail below, so Inductor's code of the floor plan is not compiled to name the floor (verify.py)
+            unmeasured = key[0] == "step" and tail is None and not self._tail_decided  # type: ignore[index]
+            self._compiled = self._compile_with(
+                budget, example_inputs, tail, codegen, measure_on=measure_on, measure_floor=not unmeasured
+            )
         except BudgetError as error:
             floor = error.smallest_feasible_bytes
             if key[0] != "step" or floor is None or budget is None:  # type: ignore[index]
@@ -449,15 +478,17 @@ class Region:
                 # The floor holds room for the assumed tail, which may be far more than this step's loss needs.
                 # Before a step has measured it, plan with the least tail (storage.LEAST_TAIL) if that fits: the
                 # step runs under the runtime, which holds its budget (evicting, or raising), measures the real
-                # tail, and the next step plans with it (`_measured_tail`) or names the floor that one sets.
+                # tail, and the next step plans with it (`_measured_tail`) or names the floor that one sets. That
+                # step runs FX code where Inductor's would be compiled again when it ends (`_codegen_for`).
+                least_codegen = self._codegen_for(key, grew, at_once=False)
                 try:
                     self._compiled = self._compile_with(
-                        budget, example_inputs, LEAST_TAIL, codegen, measure_on=measure_on
+                        budget, example_inputs, LEAST_TAIL, least_codegen, measure_on=measure_on
                     )
                 except BudgetError as least:
                     least_floor = least.smallest_feasible_bytes
                 else:
-                    self._installed(key, codegen)
+                    self._installed(key, least_codegen)
                     return
             # The room left in the step is too small for this region alone: plan it as tight as it goes,
             # and let the runtime evict what is live outside it.
@@ -496,15 +527,29 @@ class Region:
         self._provisional = codegen == "fx" and self.codegen == "inductor"
         self._provisional_step = _step_id(current_step() or STEPS.here.runtime) if self._provisional else None
 
-    def _codegen_for(self, key: Hashable, grew: bool = False) -> str:
+    def _codegen_for(self, key: Hashable, grew: bool = False, *, at_once: bool = True) -> str:
         """ "fx" for a plan only the first step under a budget runs, in a step that can have a backward, with Inductor
         asked for: the plan is made again when that step ends, for the tail it measured, and Inductor's code of it is
         measured as it compiles (`_replan_with_measured_tail`). Else the region's own.
 
-        Also when the tail was measured before any budget was known (a fractional budget: the steps that calibrate it
-        measure the tail too). Compiled at once with Inductor, that plan was never measured: HF T5 (4 x 128, CPU) at
-        0.6 ran Inductor's code, which holds more than the plan's model, as one operation the runtime made room for
-        by the model, and the step measured 1.097x its budget.
+        Not (`at_once`) where the first step compiles with Inductor at once, measured as it compiles, with no step
+        running yet: when a step of an earlier process measured this region's tail at these sizes (kept under
+        plan_cache.dynamo_structure: the plan is made with it, `_recall_tail`, and Inductor's own cache has the code),
+        or when no tail the code after the forward may hold can change the plan (`_tail_cannot_matter`). Running the
+        FX code first costs an AOTAutograd trace, a plan and an FX step: a warm process's first call took 27.5-30.0 s
+        on the CPU stand-in's Llama at checkpointing's peak with it, 12.8-18.0 s without (torch.compile's own warm
+        first call: 5.4 s). Where the tail can matter, guessing it costs more than measuring it: the first step of
+        a language model's loop writes `cross_entropy(model(x), y)` (the logits let go: a tail of two logits' worth,
+        fp32) or `out = model(x)` first (held: three), and Inductor's code of a plan for the wrong one is compiled
+        again (Llama, CPU stand-in at checkpointing's peak: 106.5 s to the first call that way, 68.0 with FX first).
+        Nor inside a CPU profiler session, which the measurement (a profiler session of its own) cannot run in
+        (`_measurable_as_it_compiles`), nor for the least tail's plan (`at_once=False`: the assumed one left the budget
+        no plan, so the tail will differ).
+
+        Also FX code when the tail was measured before any budget was known (a fractional budget: the steps that
+        calibrate it measure the tail too): the plan is made in a running step. Compiled at once with Inductor, that
+        plan was never measured: HF T5 (4 x 128, CPU) at 0.6 ran Inductor's code, which holds more than the plan's
+        model, as one operation the runtime made room for by the model, and the step measured 1.097x its budget.
 
         A region that returns only scalars (a loss computed in its own graph, as transformers computes a causal LM's
         after a graph break) has no tail to measure: the code after it holds the loss until its backward, which the
@@ -517,17 +562,17 @@ class Region:
         at (`grew`: dynamic shapes): Inductor's code compiled there could not be measured (the step is running), and
         that step ran on the model alone (HF Llama with varying lengths, CPU stand-in at 0.6: 1.071x the budget at
         the longest batch). FX code runs that step as modelled, and Inductor compiles, measured, when it has ended.
-
-        Not when a step of an earlier process measured this region's tail at these sizes (kept under
-        plan_cache.dynamo_structure) and no step is running yet: the plan is made with that tail (`_recall_tail`), so
-        Inductor compiles it at once, measured as it compiles or read from the plan cache with its measurement, and
-        Inductor's own cache has its code. (A
-        region first seen inside a running step, after a graph break, keeps the FX first step: Inductor's code compiled
-        there could not be measured.) With the FX first step a warm process's first call took 27.5-30.0 s on the CPU
-        stand-in's Llama at checkpointing's peak, 12.8-18.0 s without (torch.compile's own warm first call: 5.4 s); the
-        step's own measurement still decides a new plan if its tail differs."""
+        (A region first seen inside a running step, after a graph break, keeps the FX first step: Inductor's code
+        compiled there could not be measured.)"""
         first_step_plan = key[0] == "step" and len(key) > 2 and not self._first_step_over  # type: ignore[index]
-        if first_step_plan and not grew and current_step() is None and self._first_step_measured_before():
+        if (
+            at_once
+            and first_step_plan
+            and not grew
+            and current_step() is None
+            and self._measurable_as_it_compiles()
+            and (self._first_step_measured_before() or self._tail_cannot_matter(key[1]))  # type: ignore[index]
+        ):
             first_step_plan = False
         regrown = grew and key[0] == "step" and key[1] is not None and current_step() is not None  # type: ignore[index]
         if (
@@ -539,6 +584,30 @@ class Region:
         ):
             return "fx"
         return self.codegen
+
+    def _tail_cannot_matter(self, step_budget: int | None) -> bool:
+        """Is every tail the code after the forward may hold within TAIL_TOLERANCE of the step's budget, so that no
+        measurement of it plans again (`_measured_tail`)? The most a loss over the outputs holds is a cross-entropy's
+        three values of their size in fp32, beside the outputs themselves (a loop may hold them or let them go): an
+        image classifier's logits, not a language model's."""
+        if step_budget is None:
+            return False
+        output = next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
+        values = [n.meta.get("example_value") for n in output.all_input_nodes]
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        with planned_at(self._sizes.values):
+            span = sum(
+                tensor_nbytes(t) + LOSS_FP32_VALUES * tensor_nbytes(t) * max(1, 4 // t.element_size()) for t in tensors
+            )
+        return span <= TAIL_TOLERANCE * step_budget
+
+    def _measurable_as_it_compiles(self) -> bool:
+        """Can verify.py measure Inductor's code of this region when it compiles now? Not on CPU inside a profiler
+        session (a plan an earlier process measured is read from the plan cache with its measurement, though)."""
+        if not torch._C._autograd._profiler_enabled():
+            return True
+        on_cpu = all(v.device.type == "cpu" for v in self.example_inputs if isinstance(v, torch.Tensor))
+        return not on_cpu or self._first_step_measured_before()
 
     def _first_step_measured_before(self) -> bool:
         """Did a step of an earlier process measure this region's tail at the sizes it is planned at now?"""
@@ -580,6 +649,7 @@ class Region:
         codegen: str | None = None,
         *,
         measure_on: Sequence[Any] | None = None,
+        measure_floor: bool = True,
     ) -> Callable[..., Any]:
         codegen = codegen or self.codegen
         once = codegen != self.codegen  # the first step's FX code runs once: no recompute kernels to compile for it
@@ -588,7 +658,7 @@ class Region:
             planned_at(self._sizes.values),
         ):
             try:
-                return self._compile_with_codegen(budget, example_inputs, tail, codegen, measure_on)
+                return self._compile_with_codegen(budget, example_inputs, tail, codegen, measure_on, measure_floor)
             except torch._dynamo.exc.RestartAnalysis:
                 if self._compiled is None or codegen != "inductor":
                     raise  # the region's first compile is Dynamo's own: it restarts its analysis of the frame
@@ -610,6 +680,7 @@ class Region:
         tail: Tail | None,
         codegen: str,
         measure_on: Sequence[Any] | None = None,
+        measure_floor: bool = True,
     ) -> Callable[..., Any]:
         partitioner = DTRPartitioner(
             budget,
@@ -641,7 +712,13 @@ class Region:
             return finished
 
         compiled = compile_region(
-            self.gm, example_inputs, partitioner, codegen=codegen, wrap=wrap, measure_on=measure_on
+            self.gm,
+            example_inputs,
+            partitioner,
+            codegen=codegen,
+            wrap=wrap,
+            measure_on=measure_on,
+            measure_floor=measure_floor,
         )
         # verify.py may keep an earlier compile than the last (a second plan aimed higher measured over the budget):
         # the plan that runs is the partitioner's last report, and explain and running_plans must show that one, not
@@ -688,6 +765,15 @@ def _sizes_key(sizes: dict[Any, int]) -> str:
 def _step_id(runtime: Any) -> tuple[int, int] | None:
     """Which step `runtime` is running (or will run next): one Runtime runs many, counted by its stats."""
     return None if runtime is None else (id(runtime), runtime.steps_ended)
+
+
+def _recalled_tail(report: PlanReport) -> Tail | None:
+    """The tail `report`'s plan was made with where a step measured it (in an earlier process: `_recall_tail`), else
+    None (the assumed one)."""
+    tangents = tangent_placeholders(report.joint.graph)
+    if report.least_tail or not any(TAIL_META_KEY in t.meta for t in tangents):
+        return None
+    return report.tail
 
 
 def _let_go_bytes(report: PlanReport, tail: Any) -> int:

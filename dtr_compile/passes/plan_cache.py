@@ -186,37 +186,37 @@ def tail_key(structure: str, sizes: str) -> str:
 
 
 class RememberedTail(NamedTuple):
-    """What a step learned after a graph's forward that its plans are made for: the loss tail it measured, and
-    whether the incoming gradients outlived the compiled backward (storage.HELD_META_KEY: the autograd engine of
-    torch 2.11 holds them). Without the second, a floor named under torch 2.11 raised at a new process's first step,
-    planned with the gradients freed after their last read (a 5-layer MLP's 44 MiB floor named 50 MiB)."""
+    """What a step learned after a graph's forward that its plans are made for: the loss tail it measured (None: the
+    assumed one, storage.default_tail, which it measured close enough to keep), and whether the incoming gradients
+    outlived the compiled backward (storage.HELD_META_KEY: the autograd engine of torch 2.11 holds them). Without the
+    second, a floor named under torch 2.11 raised at a new process's first step, planned with the gradients freed after
+    their last read (a 5-layer MLP's 44 MiB floor named 50 MiB)."""
 
-    tail: Tail
+    tail: Tail | None
     tangents_held: bool = False
 
 
-def remember_tail(key: str, tail: Tail, tangents_held: bool = False) -> None:
-    """Keep the tail a step measured (storage.Tail), and whether its backward held the incoming gradients, for the
-    first step of the same graph in a later process."""
-    store(
-        key,
-        {
-            "tail": [tail.peak_bytes, tail.at_backward_bytes, sorted(tail.dropped_outputs)],
-            "tangents_held": tangents_held,
-        },
-    )
+def remember_tail(key: str, tail: Tail | None, tangents_held: bool = False) -> None:
+    """Keep the tail a step measured (storage.Tail; None: the assumed one), and whether its backward held the incoming
+    gradients, for the first step of the same graph in a later process."""
+    data = None if tail is None else [tail.peak_bytes, tail.at_backward_bytes, sorted(tail.dropped_outputs)]
+    store(key, {"tail": data, "tangents_held": tangents_held})
 
 
 def remembered_tail(key: str) -> RememberedTail | None:
     """What `remember_tail` kept under `key` (no hit or miss is counted), or None."""
     entry = _peek(key)
-    data = entry.get("tail") if entry else None
+    if not entry or "tail" not in entry:
+        return None
+    held = entry.get("tangents_held") is True
+    if entry["tail"] is None:
+        return RememberedTail(None, held)
     try:
-        peak, at_backward, dropped = data  # type: ignore[misc]
+        peak, at_backward, dropped = entry["tail"]
         tail = Tail(int(peak), int(at_backward), frozenset(int(p) for p in dropped))
     except (TypeError, ValueError):
         return None
-    return RememberedTail(tail, entry.get("tangents_held") is True)  # type: ignore[union-attr]
+    return RememberedTail(tail, held)
 
 
 # ------------------------------------------------------------------------------------------------ plans

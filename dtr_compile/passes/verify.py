@@ -196,7 +196,11 @@ def _unmaterialized_bytes(gradient: torch.Tensor) -> int:
 
 
 def compile_within_budget(
-    compile_once: Callable[[], Callable[..., Any]], example_inputs: Sequence[Any], partitioner: DTRPartitioner
+    compile_once: Callable[[], Callable[..., Any]],
+    example_inputs: Sequence[Any],
+    partitioner: DTRPartitioner,
+    *,
+    measure_floor: bool = True,
 ) -> Callable[..., Any]:
     """Compile the region (`compile_once()` plans through `partitioner`), measure it, and compile it once more
     when the measured peak is above the budget, or below AIM's band (then the first compile is kept if the second
@@ -204,12 +208,14 @@ def compile_within_budget(
     worse of their measured / modelled ratios, then the planner's lowest plan. A budget none meets raises BudgetError
     naming the smallest budget shown to be met (the lowest measured peak), and that budget's plan is kept in the plan
     cache, so that it runs.
-    A plan read from the plan cache is not measured again."""
+    A plan read from the plan cache is not measured again. `measure_floor=False`: a budget the planner finds no plan
+    under raises its BudgetError (the modelled floor) at once, with nothing compiled (the caller plans otherwise: a
+    first step with the least tail, backend/region.py)."""
     run = _Attempts(compile_once, example_inputs, partitioner)
     try:
         compiled = run.compile()
     except BudgetError as error:
-        if error.budget_bytes is None or getattr(error, "from_cache", False):
+        if error.budget_bytes is None or getattr(error, "from_cache", False) or not measure_floor:
             raise
         run.first_key = partitioner.cache_key
         return run.floor_plan(error, [])
