@@ -104,8 +104,8 @@ def test_explain_shows_the_plan_verify_kept_not_the_one_compiled_last(monkeypatc
     real = region_module.compile_region
     kept: list = []
 
-    def second_compile_rejected(gm, example_inputs, partitioner, *, codegen, wrap, measure_on=None):
-        compiled = real(gm, example_inputs, partitioner, codegen=codegen, wrap=wrap, measure_on=measure_on)
+    def second_compile_rejected(gm, example_inputs, partitioner, *, codegen, wrap, **kwargs):
+        compiled = real(gm, example_inputs, partitioner, codegen=codegen, wrap=wrap, **kwargs)
         if partitioner.reports:
             first = partitioner.reports[-1]
             partitioner.reports.append(copy.copy(first))  # a second plan, compiled ...

@@ -138,7 +138,7 @@ def test_a_ratio_that_says_the_model_did_not_describe_the_plan_is_not_kept(cache
 
 def test_a_measured_tail_is_read_back_by_a_fresh_process_at_the_same_sizes_only(cache_dir, monkeypatch) -> None:
     """The loss tail a step measured is kept per graph and sizes (backend/region.py recalls it for a later process's
-    first plan); an entry that is not a tail reads as none."""
+    first plan), or that the assumed one was kept; an entry that is not a tail reads as none."""
     from dtr_compile.passes.storage import Tail
 
     at_128, at_96 = plan_cache.tail_key("graph", "[('s0', 128)]"), plan_cache.tail_key("graph", "[('s0', 96)]")
@@ -148,6 +148,12 @@ def test_a_measured_tail_is_read_back_by_a_fresh_process_at_the_same_sizes_only(
     plan_cache.remember_tail(at_128, Tail(1 << 20, 1 << 19), tangents_held=True)  # torch 2.11's engine held them
     plan_cache.clear_memory()
     assert plan_cache.remembered_tail(at_128) == (Tail(1 << 20, 1 << 19), True)
+    # A step that measured the assumed tail closely enough to keep it: a later process plans with the assumed one too
+    # (with the measured one, a few bytes off, its plan missed the code Inductor cached for the same plan)
+    at_64 = plan_cache.tail_key("graph", "[('s0', 64)]")
+    plan_cache.remember_tail(at_64, None)
+    plan_cache.clear_memory()
+    assert plan_cache.remembered_tail(at_64) == (None, False)
     assert plan_cache.remembered_tail(at_96) is None
     plan_cache.calibrate(at_96, 1.0)  # some other entry under the key
     assert plan_cache.remembered_tail(at_96) is None
