@@ -16,6 +16,10 @@
 #   TESTS_S=0 FRONTIER_S=0 LIVE_S=200 bash tools/gpu_check.sh
 #                                            # a tight plan's buffers under Triton against its model (LIVE_ARGS:
 #                                            # tools/inductor_live.py's flags; Llama with LoRA at 0.3 by default)
+#   TESTS_S=0 FRONTIER_S=0 LIVE_S=150 LIVE_ARGS="--model resnet --size full --fraction 0.6" bash tools/gpu_check.sh
+#                                            # a CNN's plan: Inductor's channels-last copies of the batch and of the
+#                                            # convolution weights, which no memory model counts yet (on the CPU
+#                                            # stand-in 0.84 of 10 MiB: BENCHMARKS.md, stop 50), against the model
 #
 # The frontier runs torch.compile, per-block checkpointing, the knob at 0.5 and selective checkpointing (METHODS;
 # the knob before selective checkpointing: its pair is one of issue 17's targets),
