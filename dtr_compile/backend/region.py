@@ -32,7 +32,9 @@ generator's (`_codegen_for`: plain aten ops, compiled in the time it takes to pl
 when the step has ended, for the tail it measured (or the assumed one, when the two agree). A region whose first
 step ends without that (no backward: an evaluation; or the step failed) is compiled with Inductor at its next call.
 A region whose tail a step of an earlier process measured at the same sizes (plan_cache.dynamo_structure) skips the FX
-step: its first plan is made with that tail and compiled with Inductor at once, from the caches when they hold it.
+step: its first plan is made with that tail and compiled with Inductor at once, from the caches when they hold it. So
+does a region whose outputs are too small for any loss over them to change its plan (`_tail_cannot_matter`: an image
+classifier's logits, not a language model's).
 
 Dynamic shapes: Dynamo marks sizes that change between calls as symbolic and compiles once for all of them.
 The plan is made at the largest value of each size the region has been called with (planned_sizes.py), and made
@@ -73,6 +75,7 @@ from ..passes.storage import (
     tangent_bytes,
     tangent_placeholders,
 )
+from ..passes.verify import profiler_blocks_measuring
 from ..planned_sizes import SizesSeen, planned_at
 from ..runtime.compiled_ops import NO_FOOTPRINT, CompiledPart, Footprint, device_of
 from ..runtime.implicit import STEPS
@@ -307,7 +310,7 @@ class Region:
         if compiling or self.reports[-1].least_tail or (off > TAIL_TOLERANCE * step_budget and not on_target):
             self._tail = measured_tail
         if self._tail_structure is not None:  # for a later process's first step (`_recall_tail`)
-            self._remember_tail(runtime, self._tail if self._tail is not None else _recalled_tail(report))
+            self._remember_tail(runtime, self._tail if self._tail is not None else _measured_tail_planned_with(report))
         return self._tail_at_planned_sizes()
 
     def _remember_tail(self, runtime: Any, tail: Tail | None) -> None:
@@ -543,7 +546,7 @@ class Region:
         fp32) or `out = model(x)` first (held: three), and Inductor's code of a plan for the wrong one is compiled
         again (Llama, CPU stand-in at checkpointing's peak: 106.5 s to the first call that way, 68.0 with FX first).
         Nor inside a CPU profiler session, which the measurement (a profiler session of its own) cannot run in
-        (`_measurable_as_it_compiles`), nor for the least tail's plan (`at_once=False`: the assumed one left the budget
+        (`_profiler_blocks_measuring`), nor for the least tail's plan (`at_once=False`: the assumed one left the budget
         no plan, so the tail will differ).
 
         Also FX code when the tail was measured before any budget was known (a fractional budget: the steps that
@@ -570,8 +573,10 @@ class Region:
             and first_step_plan
             and not grew
             and current_step() is None
-            and self._measurable_as_it_compiles()
-            and (self._first_step_measured_before() or self._tail_cannot_matter(key[1]))  # type: ignore[index]
+            and (
+                self._first_step_measured_before()  # its plan is read from the plan cache with its measurement
+                or (self._tail_cannot_matter(key[1]) and not self._profiler_blocks_measuring())  # type: ignore[index]
+            )
         ):
             first_step_plan = False
         regrown = grew and key[0] == "step" and key[1] is not None and current_step() is not None  # type: ignore[index]
@@ -601,13 +606,11 @@ class Region:
             )
         return span <= TAIL_TOLERANCE * step_budget
 
-    def _measurable_as_it_compiles(self) -> bool:
-        """Can verify.py measure Inductor's code of this region when it compiles now? Not on CPU inside a profiler
-        session (a plan an earlier process measured is read from the plan cache with its measurement, though)."""
-        if not torch._C._autograd._profiler_enabled():
-            return True
+    def _profiler_blocks_measuring(self) -> bool:
+        """Would verify.py's measurement of Inductor's code of this region, as it compiles now, meet a CPU profiler
+        session it cannot run in (verify.profiler_blocks_measuring)?"""
         on_cpu = all(v.device.type == "cpu" for v in self.example_inputs if isinstance(v, torch.Tensor))
-        return not on_cpu or self._first_step_measured_before()
+        return on_cpu and profiler_blocks_measuring(torch.device("cpu"))
 
     def _first_step_measured_before(self) -> bool:
         """Did a step of an earlier process measure this region's tail at the sizes it is planned at now?"""
@@ -767,9 +770,9 @@ def _step_id(runtime: Any) -> tuple[int, int] | None:
     return None if runtime is None else (id(runtime), runtime.steps_ended)
 
 
-def _recalled_tail(report: PlanReport) -> Tail | None:
-    """The tail `report`'s plan was made with where a step measured it (in an earlier process: `_recall_tail`), else
-    None (the assumed one)."""
+def _measured_tail_planned_with(report: PlanReport) -> Tail | None:
+    """The tail `report`'s plan was made with where a step measured it (this process's, or an earlier one's recalled by
+    `_recall_tail`), else None (the assumed tail, or the least one)."""
     tangents = tangent_placeholders(report.joint.graph)
     if report.least_tail or not any(TAIL_META_KEY in t.meta for t in tangents):
         return None
@@ -787,11 +790,12 @@ def _unseen_tail_bytes(report: PlanReport) -> int:
     """The most the code after the region's forward may hold, for a step that cannot see it (compiled_ops.py): the
     plan's tail, or the assumed one where the plan was made with less (the least tail: backend/region.py), and no less
     than what a loss outside the region may hold (storage.UNSEEN_LOSS_TANGENTS)."""
-    tangents = tangent_placeholders(report.joint.graph)
-    if not report.least_tail and any(TAIL_META_KEY in t.meta for t in tangents):
+    measured = _measured_tail_planned_with(report)
+    if measured is not None:
         # Measured by a step (recalled from an earlier process: `_recall_tail`): the plan left room for it. Room for
         # the guess instead evicted the one value the plan saved, which only a rerun of the whole forward brings back.
-        return report.tail.peak_bytes
+        return measured.peak_bytes
+    tangents = tangent_placeholders(report.joint.graph)
     gradients = tangent_bytes(tangents)
     # A loss outside the region: UNSEEN_LOSS_TANGENTS gradients' worth (above storage.default_tail's two). A region
     # that computes its loss itself: the incoming gradients alone, as default_tail has it.

@@ -104,9 +104,7 @@ def measure_region(
             return None
     if device.type not in ("cpu", "cuda"):
         return None
-    if device.type == "cpu" and torch._C._autograd._profiler_enabled():
-        # On CPU the measurement is a profiler session, and only one can run: a second would end the program's
-        # own (torch.profiler around the step that compiles). compile_within_budget decides what then holds.
+    if profiler_blocks_measuring(device):  # compile_within_budget decides what then holds
         raise ProfilerRunning
     grads = [param.grad for param in params]
     leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
@@ -258,6 +256,12 @@ def compile_within_budget(
     if aimed is not None:
         return aimed
     return run.lowest_plan(budget, tried)
+
+
+def profiler_blocks_measuring(device: torch.device) -> bool:
+    """On CPU the measurement is a profiler session, and only one can run: a second would end the program's own
+    (torch.profiler around the step that compiles)."""
+    return device.type == "cpu" and torch._C._autograd._profiler_enabled()
 
 
 class ProfilerRunning(Exception):
