@@ -27,6 +27,7 @@ from torch import fx
 from ..engine.ledger import ScheduleLedger
 from .inlining import FUSED_RECOMPUTE, InlineDecider, inductor_inlined, is_loop, is_pointwise, is_view, sunk_order
 from .kernel_groups import KernelSpans, keeps_local_values, kernel_spans, loop_elements
+from .layout_copies import layout_copied_inputs
 from .meta import DTR_META_KEY
 from .rewrite import RECOMPUTE_META_KEY
 from .storage import StorageKey, StorageMap, assumed_tail, let_go_keys, tangent_placeholders
@@ -74,14 +75,16 @@ def graph_peak(
         if recomputes_only:
             inlined = {n: kind for n, kind in inlined.items() if RECOMPUTE_META_KEY in n.meta}
         inline = InlineDecider(inlined)
-    storages = StorageMap(graph, counted_inputs=tangents, inline=inline)
+    ops = [n for n in nodes if n.op == "call_function"]
+    backward = {n for n in ops if n.meta.get("partitioner_tag") == "is_backward"}
+    forward_ops = [n for n in ops if n not in backward]
+    # Inputs Inductor's code copies to channels-last: allocated at the forward's start (layout_copies.py).
+    copies = layout_copied_inputs(n for n in nodes if n not in backward and n not in tangents) if inductor else []
+    storages = StorageMap(graph, counted_inputs=tangents | set(copies), inline=inline)
     output = next(n for n in reversed(nodes) if n.op == "output")
     outs = [o for o in output.args[0] if isinstance(o, fx.Node)]
     fwd_outs = [o for o in list(output.args[0])[:num_fwd_outputs] if isinstance(o, fx.Node)]
 
-    ops = [n for n in nodes if n.op == "call_function"]
-    backward = {n for n in ops if n.meta.get("partitioner_tag") == "is_backward"}
-    forward_ops = [n for n in ops if n not in backward]
     backward_ops = [n for n in ops if n in backward]
     if inductor:  # pointwise ops run where their first reader needs them
         forward_ops = _sunk(forward_ops, inline, recomputes_only)
@@ -149,6 +152,7 @@ def graph_peak(
                         if key not in forever and key not in keep and last.get(key, -1) <= i:
                             ledger.free(key)
 
+    ledger.allocate("layout copies", [(key, counted(key)) for copy in copies for key in storages.keys[copy]])
     run(forward_ops, last_fwd, "forward", saved)
     saved_bytes = ledger.memory
     # Saved values the backward never reads are dropped when the forward returns.

@@ -28,6 +28,7 @@ from torch import fx
 
 from .inlining import FUSED_RECOMPUTE, InlineDecider, inline_kind, is_loop, is_pointwise, is_view, sunk_order
 from .kernel_groups import KernelSpans, keeps_local_values, kernel_spans, loop_elements
+from .layout_copies import layout_copied_inputs
 from .meta import NodeCost, cost_of
 from .storage import RNG_STATE_INDEX, StorageKey, StorageMap, assumed_tail, let_go_keys, rng_state_nbytes
 
@@ -74,6 +75,12 @@ class JointFacts:
         # Random ops: bytes of the generator state a recompute replays (saved by the forward).
         self.rng_state_bytes = {n: rng_state_nbytes(n) for n in self.forward if self.cost[n].needs_rng_replay}
         self.nbytes.update({(n, RNG_STATE_INDEX): b for n, b in self.rng_state_bytes.items()})
+        # Inputs Inductor's code copies to channels-last (layout_copies.py): the Inductor models allocate them at the
+        # forward's start and count their bytes (`inductor_nbytes`); the FX model reads the inputs themselves.
+        primal_and_forward = (n for n in self.nodes if self.cost[n].phase in ("primal", "forward"))
+        self.layout_copies = [(k, 0) for n in layout_copied_inputs(primal_and_forward) for k in self.keys[n]]
+        copy_bytes = {key: self.storages.info[key].nbytes for key, _ in self.layout_copies}
+        self.inductor_nbytes = {**self.nbytes, **copy_bytes} if copy_bytes else self.nbytes
         self.pinned_forward = {k for o in self.fwd_outputs for k in self.keys[o]}
         self.backward_output_keys = {k for o in self.bwd_outputs for k in self.keys[o]}
         # Forward storages the backward reads: the ones a plan may save or drop (allow_saving adds more).
@@ -573,7 +580,7 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
         keyed = [keyed_by_trace[i] for i in order]
         ops = [trace.ops[i] for i in order]
     boundary = trace.boundary
-    nbytes = facts.nbytes
+    nbytes = facts.inductor_nbytes if inline is not None else facts.nbytes
     # Storages that live to the end of the step: the forward outputs (held by the user) and the gradients.
     forever: set[SimKey] = set()
     for out, version in (*trace.fwd_versions.items(), *trace.final_versions.items()):
@@ -595,6 +602,8 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
             for key in keys:
                 table[key] = i
     saved = {key for key in last_bwd if key[0][0] in facts.is_forward and key[1] == 0}
+    copies = facts.layout_copies if inline is not None else []
+    saved.update(key for key in copies if key in last_bwd)
 
     stop_above = float("inf") if limit is None else limit
     forward_end_peak = 0
@@ -633,6 +642,9 @@ def simulate(facts: JointFacts, trace: Trace, *, inductor: bool | str = False, l
                             live.discard(key)
                             memory -= nbytes[key[0]]
 
+    for key in copies:  # allocated before the forward's first op
+        live.add(key)
+        memory += nbytes[key[0]]
     try:
         run(0, boundary, last_fwd, saved)
         for key in list(live):  # saved values the backward never reads are dropped when the forward returns
