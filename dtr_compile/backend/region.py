@@ -832,6 +832,9 @@ def part_maker(
     fallback = None if random else _fx_copy(graph)
 
     def finish(inner: Any) -> CompiledPart:
+        op_by_op = None if fallback is None else inner if inner is graph else fallback
+        if op_by_op is fallback and phase == "forward" and _saves_in_other_layouts(inner, graph):
+            op_by_op = None
         return CompiledPart(
             inner,
             name=f"{region}.{phase}",
@@ -841,7 +844,7 @@ def part_maker(
             mutated_inputs=mutated,
             slices=slices,
             on_call=STEPS.on_backward_part if phase == "backward" else None,
-            op_by_op=None if fallback is None else inner if inner is graph else fallback,
+            op_by_op=op_by_op,
             tail_of=(region, phase) if phase in ("forward", "backward") else None,
             tangents=[i for i, n in enumerate(placeholders) if phase == "backward" and n.name.startswith("tangents")],
             forward_outputs=report.num_fwd_outputs if report is not None and phase == "forward" else 0,
@@ -850,6 +853,24 @@ def part_maker(
         )
 
     return finish
+
+
+def _saves_in_other_layouts(compiled: Any, graph: fx.GraphModule) -> bool:
+    """Does the compiled forward return a value in other strides than the graph's (Inductor's code runs a network's
+    convolutions channels-last and saves their outputs so)? Its backward asserts those strides, so the forward cannot
+    run op by op (eager's layouts) under the runtime: a ResNet whose forward did not fit its budget as one operation
+    stopped in its backward with an AssertionError. Without the fallback the step overruns and its BudgetError names
+    the budget it needs."""
+    strides = getattr(compiled, "output_strides", None)  # Inductor's CompiledFxGraph, as strings
+    if not isinstance(strides, (list, tuple)):
+        return False
+    output = next(n for n in reversed(graph.graph.nodes) if n.op == "output")
+    for node, wanted in zip(output.args[0], strides, strict=False):
+        value = node.meta.get("val") if isinstance(node, fx.Node) else None
+        laid_out = tuple(str(stride) for stride in value.stride()) if isinstance(value, torch.Tensor) else None
+        if laid_out is not None and wanted is not None and value.numel() > 1 and laid_out != tuple(map(str, wanted)):
+            return True
+    return False
 
 
 def _fx_copy(graph: fx.GraphModule) -> fx.GraphModule:

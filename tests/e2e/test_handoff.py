@@ -348,3 +348,28 @@ def test_a_floor_that_moves_when_planned_at_is_planned_at_once_more(monkeypatch)
     assert room is not None and asked == [room, room, 2 * room, 4 * room], asked
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[name])
+
+
+def test_a_forward_whose_code_saves_values_in_other_layouts_does_not_run_op_by_op() -> None:
+    """Inductor's code of a convolution network saves its activations channels-last, and its backward asserts those
+    strides: a forward run op by op (eager's layouts) under the runtime would stop that backward with an
+    AssertionError. Such a forward has no op-by-op fallback (the step overruns and names its budget instead); a forward
+    whose code keeps the graph's strides, or FX code, keeps it. Oracle: the decision on the output strides Inductor's
+    CompiledFxGraph reports (as strings), against the graph's."""
+    from types import SimpleNamespace
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from dtr_compile.backend.region import _saves_in_other_layouts
+
+    def forward(x, w):
+        y = torch.nn.functional.conv2d(x, w)
+        return y.sum(), y
+
+    graph = make_fx(forward)(torch.randn(2, 4, 6, 6), torch.randn(4, 4, 3, 3))
+    outputs = graph.graph.find_nodes(op="output")[0].args[0]
+    assert [tuple(n.meta["val"].stride()) for n in outputs] == [(), (64, 16, 4, 1)]
+    assert _saves_in_other_layouts(SimpleNamespace(output_strides=[(), ("64", "1", "16", "4")]), graph)
+    assert not _saves_in_other_layouts(SimpleNamespace(output_strides=[(), ("64", "16", "4", "1")]), graph)
+    assert not _saves_in_other_layouts(SimpleNamespace(output_strides=[None, None]), graph)
+    assert not _saves_in_other_layouts(graph, graph)  # FX code: eager's layouts
