@@ -7,8 +7,8 @@ each convolution's weight are copied, once, and every reader uses the copy. The 
 backward in the input's place (its return statement names `buf0` where the graph names `primals_1`), so the copy lives
 from the forward's start (Inductor's CPU code makes all of them in its first kernel) to the input's last read in the
 backward. Those bytes are allocated inside the step, above what was live at its start: the budget counts them.
-Uncounted, the CPU stand-in's ResNet `quick` planned at 0.6 of torch.compile's peak measured 1.107x its model (0.84 MiB
-of copies in a 10 MiB plan), and verify.py compiled it a second time (backend/region.py).
+Uncounted, the CPU stand-in's ResNet `quick` planned at 0.62 of torch.compile's peak measured 1.107x its model (0.84
+MiB of copies in a 10 MiB plan), and verify.py compiled it a second time (backend/region.py).
 
 The rule read off Inductor (kernel/conv.py: `require_channels_last` on `x` and `weight` when `layout_opt` and the
 convolution is 2-D): a forward placeholder read as a 2-D convolution's input or weight, dense, and not channels-last

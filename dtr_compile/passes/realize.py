@@ -8,12 +8,13 @@ block's convolution and read only by the convolution backward after it. Inductor
 recompute, so everything it reads (the incoming gradient, the saved convolution output, the ReLU output)
 stayed alive across the recompute: 14.36 MiB measured for a plan whose exact model was 12.38.
 
-`pin_values_before_recomputes` marks every tensor an op makes before a recompute and reads after it (first, or
-again: read by a reduction before the recompute and a pointwise op after it, Inductor computes it inside both, and
-what it reads stays alive across the recompute; on the CPU stand-in's ResNet at 0.6 of torch.compile's peak a
-block's masked gradient kept the ReLU output and both residual gradients, 3 MiB where the plan held 1 MiB, and the
-first plan measured 1.058x its model, compiled four times) with Inductor's own per-node flag
-`inductor_realize_to_strides`, which makes Inductor realize the value where the graph computes it. It is applied to plans held by the exact memory model, which counts every value as
+`pin_values_before_recomputes` marks every tensor an op makes before a recompute and reads after it with
+Inductor's own per-node flag `inductor_realize_to_strides`, which makes Inductor realize the value where the
+graph computes it. "Reads after it" includes a value also read before: read by a reduction before the recompute
+and by a pointwise op after it, Inductor computes it inside both kernels, and what it reads stays alive across the
+recompute (on the CPU stand-in's ResNet at 0.6 of torch.compile's peak, a block's masked gradient kept the ReLU
+output and both residual gradients, 3 MiB where the plan held 1 MiB: the first plan measured 1.058x its model and
+was compiled four times). It is applied to plans held by the exact memory model, which counts every value as
 allocated where the plan computes it; the Inductor memory model (inlining.py) instead predicts Inductor's
 inlining, and pinning would break its predictions (measured: 15.44 MiB instead of 14.74 on the same CNN).
 """
