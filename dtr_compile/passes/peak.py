@@ -79,7 +79,9 @@ def graph_peak(
     backward = {n for n in ops if n.meta.get("partitioner_tag") == "is_backward"}
     forward_ops = [n for n in ops if n not in backward]
     # Inputs Inductor's code copies to channels-last: allocated at the forward's start (layout_copies.py).
-    copies = layout_copied_inputs(n for n in nodes if n not in backward and n not in tangents) if inductor else []
+    # The forward graph's nodes without the output, as schedule.JointFacts passes them: Inductor's decision counts nodes.
+    forward_graph = (n for n in nodes if n.op != "output" and n not in backward and n not in tangents)
+    copies = layout_copied_inputs(forward_graph) if inductor else []
     storages = StorageMap(graph, counted_inputs=tangents | set(copies), inline=inline)
     output = next(n for n in reversed(nodes) if n.op == "output")
     outs = [o for o in output.args[0] if isinstance(o, fx.Node)]
